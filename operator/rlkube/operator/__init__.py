@@ -1,0 +1,1 @@
+"""rlkube operator: RLTrainingJob API types, placement, rendering, reconcile, status."""

@@ -1,0 +1,369 @@
+"""The runtime's whole input: one pydantic model, `RuntimeConfig`.
+
+These models are also the building blocks of the `RLTrainingJob` spec: the operator's API types
+(`rlkube.operator.api`) embed `ModelSpec`, `RolesSpec`, `DataSpec`, `BatchingSpec`,
+`TrainingSpec`, `RolloutSpec` and `CheckpointSpec` as they are, so a field is described,
+bounded and validated in exactly one place, and the CRD (generated from the API types) carries
+the same descriptions that `kubectl explain` shows.
+
+Field names are snake_case in Python and camelCase on the wire (YAML, the CRD). Unknown fields
+are errors. This module must stay importable without torch: the operator imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+ROLE_NAMES = ("actor", "critic", "reward", "reference")
+
+# Bounds shared by the runtime config and the CRD schema (maxLength / maxItems there).
+MAX_PATH_LEN = 1024
+MAX_NAME_LEN = 253
+
+
+class Spec(BaseModel):
+    """Base of every config model: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+
+class ModelSpec(Spec):
+    """Which model to train and how to run it."""
+
+    path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LEN,
+        description="Directory of a Hugging Face checkpoint, loaded with from_pretrained(path). "
+        "Exactly one of path and config is set.",
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="A Hugging Face model config (as in config.json, must include model_type) for a "
+        "randomly initialised model built with from_config. Exactly one of path and config is set.",
+    )
+    tokenizer: str = Field(
+        default="byte",
+        max_length=MAX_PATH_LEN,
+        description="Tokenizer directory for from_pretrained, or 'byte' for rlkube's built-in "
+        "byte-level tokenizer (256 byte tokens plus pad/bos/eos).",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Parameter and compute dtype."
+    )
+    attention: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+        default="auto",
+        description="Attention kernel. 'auto' picks flash_attention_2 when it is installed and the "
+        "device is CUDA, else sdpa; the choice is logged.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass to save memory."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.config is None):
+            raise ValueError("exactly one of path and config must be set")
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("config must include model_type (for example 'qwen2' or 'llama')")
+        return self
+
+
+class RoleSpec(Spec):
+    """One role of the job (actor, critic, reward, reference) and its device group."""
+
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=4096,
+        description="GPUs in this role's own device group. Exactly one of gpus and colocateWith is "
+        "set. 0 means the role runs on CPU inside the actor's processes (a rule-based reward, say).",
+    )
+    colocate_with: Literal["actor", "critic", "reward", "reference"] | None = Field(
+        default=None,
+        description="Share the device group of the named role instead of having GPUs of its own "
+        "(time-shared in one process).",
+    )
+    model: ModelSpec | None = Field(
+        default=None,
+        description="This role's own model. Unset: the reference copies the actor's model; the "
+        "critic uses the actor's model with a value head.",
+    )
+    function: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LEN,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        description="Reward role only: import path 'package.module:function' of a rule-based reward "
+        "function(prompt: str, completion: str) -> float, used instead of a reward model.",
+    )
+
+    @model_validator(mode="after")
+    def _gpus_or_colocate(self) -> RoleSpec:
+        if (self.gpus is None) == (self.colocate_with is None):
+            raise ValueError("exactly one of gpus and colocateWith must be set")
+        return self
+
+
+class RolesSpec(Spec):
+    """The job's roles. The actor is required; which others are allowed depends on the algorithm."""
+
+    actor: RoleSpec = Field(description="The policy being trained; it also generates (hybrid engine).")
+    critic: RoleSpec | None = Field(default=None, description="Value model (PPO only).")
+    reward: RoleSpec | None = Field(
+        default=None, description="Reward model, or a rule-based reward function (PPO, GRPO)."
+    )
+    reference: RoleSpec | None = Field(
+        default=None, description="Frozen reference policy for the KL term (DPO, PPO, GRPO)."
+    )
+
+    def present(self) -> dict[str, RoleSpec]:
+        """The roles that are set, in canonical order (actor, critic, reward, reference)."""
+        return {name: role for name in ROLE_NAMES if (role := getattr(self, name)) is not None}
+
+    @model_validator(mode="after")
+    def _colocation(self) -> RolesSpec:
+        roles = self.present()
+        if roles["actor"].colocate_with is not None:
+            raise ValueError("actor: must have gpus of its own, not colocateWith")
+        if (roles["actor"].gpus or 0) < 1:
+            raise ValueError("actor.gpus: must be >= 1")
+        for name, role in roles.items():
+            target = role.colocate_with
+            if target is None:
+                continue
+            if target == name:
+                raise ValueError(f"{name}.colocateWith: a role cannot colocate with itself")
+            if target not in roles:
+                raise ValueError(
+                    f"{name}.colocateWith: names role {target!r}, which is not set "
+                    f"(set roles: {', '.join(roles)})"
+                )
+            seen = [name]
+            while roles[target].colocate_with is not None:
+                if target in seen:
+                    raise ValueError(f"{name}.colocateWith: cycle {' -> '.join([*seen, target])}")
+                seen.append(target)
+                target = roles[target].colocate_with  # type: ignore[assignment]
+        return self
+
+    def group_owner(self, name: str) -> str:
+        """The role whose GPUs `name` runs on (follows colocateWith to the end)."""
+        roles = self.present()
+        while roles[name].colocate_with is not None:
+            name = roles[name].colocate_with  # type: ignore[assignment]
+        return name
+
+    def total_gpus(self) -> int:
+        return sum(role.gpus or 0 for role in self.present().values())
+
+
+def device_map(roles: RolesSpec) -> dict[str, list[int]]:
+    """Global GPU ranks of each role: contiguous ranges in canonical role order.
+
+    Roles with their own GPUs get consecutive ranges (actor first); colocated roles get the range
+    of the role they colocate with; a role with `gpus: 0` runs on the actor's ranks (on CPU).
+    Example: actor 2, critic 1, reward 1, reference colocated with actor ->
+    {actor: [0, 1], critic: [2], reward: [3], reference: [0, 1]}.
+    """
+    present = roles.present()
+    ranks: dict[str, list[int]] = {}
+    next_rank = 0
+    for name, role in present.items():
+        if role.gpus:
+            ranks[name] = list(range(next_rank, next_rank + role.gpus))
+            next_rank += role.gpus
+    for name, role in present.items():
+        if name in ranks:
+            continue
+        owner = roles.group_owner(name)
+        ranks[name] = list(ranks.get(owner, ranks["actor"]))
+    return {name: ranks[name] for name in present}
+
+
+class DataSpec(Spec):
+    """Where training data comes from and how it is batched into tokens."""
+
+    source: str = Field(
+        max_length=MAX_PATH_LEN,
+        description="Path of a JSONL or Parquet file (or a directory of them). For format "
+        "'synthetic', a free label; the data is generated from `seed`.",
+    )
+    format: Literal["jsonl", "parquet", "synthetic"] = Field(
+        default="jsonl",
+        description="File format. Preference data has fields prompt, chosen, rejected; prompt data "
+        "(PPO, GRPO) has prompt and optionally answer.",
+    )
+    max_seq_len: int = Field(
+        default=1024, ge=8, le=1_048_576, description="Longest sequence (prompt + response) in tokens; "
+        "longer samples are truncated from the left of the prompt."
+    )
+    packing: bool = Field(
+        default=True,
+        description="Pack several samples into one row with per-sample position ids and a block "
+        "mask, so no compute is spent on padding.",
+    )
+    length_bucketing: bool = Field(
+        default=True,
+        description="When packing is off: group samples of similar length into a micro-batch to cut "
+        "padding.",
+    )
+    prefetch: int = Field(
+        default=2, ge=0, le=64, description="Micro-batches prepared ahead on a background thread."
+    )
+    num_samples: int = Field(
+        default=512, ge=1, le=100_000_000, description="Synthetic data only: number of samples."
+    )
+    length_mix: Literal["fixed", "longTailed"] = Field(
+        default="fixed",
+        description="Synthetic data only: 'fixed' lengths, or a log-normal mix (median ~300 tokens, "
+        "tail past 2,000) capped at maxSeqLen.",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for data order and synthesis.")
+
+
+class BatchingSpec(Spec):
+    """How many samples make an optimizer step and how they are split into micro-batches."""
+
+    global_batch: int = Field(
+        default=32,
+        ge=1,
+        le=1_048_576,
+        description="Samples (pairs for DPO, prompts for PPO/GRPO) per optimizer step across all "
+        "workers. Kept fixed when workers or micro-batches change.",
+    )
+    mode: Literal["fixed", "adaptive"] = Field(
+        default="adaptive",
+        description="'fixed': micro-batches of maxMicroBatch samples. 'adaptive': micro-batch and "
+        "gradient accumulation chosen per step from a token budget, memory headroom and GPU "
+        "utilization.",
+    )
+    min_micro_batch: int = Field(default=1, ge=1, le=65536, description="Smallest micro-batch (samples).")
+    max_micro_batch: int = Field(default=64, ge=1, le=65536, description="Largest micro-batch (samples).")
+    max_tokens_per_gpu: int = Field(
+        default=16384,
+        ge=64,
+        le=16_777_216,
+        description="Token budget of one micro-batch on one GPU (packed tokens, or padded tokens "
+        "when packing is off).",
+    )
+    target_utilization: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Adaptive mode: fraction of device memory the batcher may plan to use.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BatchingSpec:
+        if self.max_micro_batch < self.min_micro_batch:
+            raise ValueError(
+                f"maxMicroBatch: must be >= minMicroBatch ({self.min_micro_batch}), got {self.max_micro_batch}"
+            )
+        return self
+
+
+class TrainingSpec(Spec):
+    """Optimizer and algorithm settings."""
+
+    steps: int = Field(default=100, ge=1, le=100_000_000, description="Optimizer steps to run.")
+    lr: float = Field(default=1e-5, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=0, ge=0, le=100_000_000, description="Linear warm-up steps.")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1e6, description="Gradient clipping norm.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for initialisation and sampling.")
+    # DPO
+    beta: float = Field(default=0.1, gt=0.0, le=100.0, description="DPO: strength of the implicit KL.")
+    loss_type: Literal["sigmoid", "ipo"] = Field(default="sigmoid", description="DPO: loss form.")
+    # PPO / GRPO
+    clip: float = Field(default=0.2, gt=0.0, le=10.0, description="PPO/GRPO: policy ratio clip epsilon.")
+    clip_high: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=10.0,
+        description="GRPO clip-higher: upper clip epsilon (defaults to clip).",
+    )
+    value_clip: float = Field(default=0.2, gt=0.0, le=1e6, description="PPO: value loss clip range.")
+    kl: float = Field(default=0.0, ge=0.0, le=100.0, description="PPO/GRPO: KL coefficient to the reference.")
+    kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="PPO/GRPO: KL estimator.")
+    kl_in_reward: bool = Field(
+        default=False, description="PPO: subtract the KL from the reward (True) or add it as a loss (False)."
+    )
+    entropy_coef: float = Field(default=0.0, ge=0.0, le=10.0, description="PPO/GRPO: entropy bonus.")
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="PPO: GAE discount.")
+    gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda", description="PPO: GAE lambda.")
+    group_size: int = Field(default=4, ge=1, le=1024, description="GRPO: completions sampled per prompt.")
+    ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
+    mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
+
+
+class RolloutSpec(Spec):
+    """Generation settings for PPO and GRPO rollouts."""
+
+    max_new_tokens: int = Field(default=64, ge=1, le=1_048_576, description="Longest completion.")
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, le=1_000_000, description="Top-k sampling; 0 turns it off.")
+
+
+class CheckpointSpec(Spec):
+    """Where and how often the trainer checkpoints."""
+
+    dir: str = Field(
+        default="/checkpoints", max_length=MAX_PATH_LEN, description="Checkpoint directory in the pod."
+    )
+    every_steps: int = Field(default=50, ge=1, le=100_000_000, description="Checkpoint every N steps.")
+    keep: int = Field(default=2, ge=1, le=1000, description="Committed checkpoints to keep.")
+    volume_claim: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LEN,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="PersistentVolumeClaim mounted at dir (shared by all pods). Unset: a hostPath "
+        "per node under /var/lib/rlkube, so a restarted gang on the same nodes resumes.",
+    )
+
+
+class RuntimeConfig(Spec):
+    """Everything one trainer process needs; rendered by the operator into /etc/rlkube/run.yaml."""
+
+    algorithm: Literal["dpo", "ppo", "grpo"] = Field(description="RL algorithm.")
+    model: ModelSpec = Field(description="The actor's model.")
+    roles: RolesSpec = Field(description="Roles and their device groups.")
+    data: DataSpec = Field(description="Training data.")
+    batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batch sizing.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimizer and algorithm knobs.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Generation (PPO, GRPO).")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    device_map: dict[str, list[int]] | None = Field(
+        default=None,
+        description="Global ranks of each role. Written by the operator; computed from roles when unset.",
+    )
+    progress_port: int = Field(
+        default=8080, ge=0, le=65535, description="Port of /progress and /metrics on rank 0 (0: off)."
+    )
+    output_dir: str = Field(default="/tmp/rlkube", max_length=MAX_PATH_LEN, description="Logs and caches.")
+
+    @model_validator(mode="after")
+    def _algorithm_roles(self) -> RuntimeConfig:
+        validate_algorithm_roles(self.algorithm, self.roles)
+        if self.device_map is None:
+            self.device_map = device_map(self.roles)
+        return self
+
+
+def validate_algorithm_roles(algorithm: str, roles: RolesSpec) -> None:
+    """Cross-field rules between the algorithm and its roles (shared with the operator)."""
+    if roles.critic is not None and algorithm != "ppo":
+        raise ValueError(f"roles.critic: only ppo uses a critic, algorithm is {algorithm}")
+    if algorithm == "ppo" and roles.critic is None:
+        raise ValueError("roles.critic: ppo needs a critic role")
+    if algorithm in ("ppo", "grpo") and roles.reward is None:
+        raise ValueError(f"roles.reward: {algorithm} needs a reward role (a model or a function)")
+    if algorithm == "dpo" and roles.reward is not None:
+        raise ValueError("roles.reward: dpo learns from preference pairs and uses no reward role")

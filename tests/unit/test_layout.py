@@ -1,0 +1,23 @@
+"""The repository layout must not shadow the standard library's `operator` module."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_stdlib_operator_loads_from_repository_root():
+    # -I would drop the cwd from sys.path; run plainly, as a user in the repo root would.
+    code = "import operator, sys; print(operator.__file__); print(operator.itemgetter)"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    first = out.splitlines()[0]
+    assert "rlkube" not in first and not first.startswith(str(ROOT / "operator")), first
+
+
+def test_rlkube_operator_is_ours():
+    import rlkube.operator
+
+    assert Path(rlkube.operator.__file__).parent == ROOT / "operator" / "rlkube" / "operator"

@@ -1,0 +1,115 @@
+"""The operator's RBAC needs, as data: every API verb it uses, with the reason it needs it.
+
+One source for the Helm chart's ClusterRole/Role templates and for the test that checks them,
+so a verb is never granted "just in case" and never missing. No wildcards, no secrets.
+
+Scopes:
+- `watched`: the namespaces whose RLTrainingJobs the operator reconciles. With a cluster-wide
+  operator these rules go into the ClusterRole; with a namespaced one, into a Role per watched
+  namespace.
+- `cluster`: always a ClusterRole (cluster-scoped kinds, or reads across all namespaces).
+- `operator`: a Role in the operator's own namespace (leader election).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Scope = Literal["watched", "cluster", "operator"]
+
+GROUP = "rlkube.io"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One (apiGroup, resource) with the verbs the operator uses on it and why each is needed."""
+
+    api_group: str
+    resource: str
+    scope: Scope
+    verbs: dict[str, str] = field(default_factory=dict)  # verb -> why
+
+    def as_policy_rule(self) -> dict:
+        """The rule in Kubernetes PolicyRule form (verbs sorted, for stable manifests)."""
+        return {
+            "apiGroups": [self.api_group],
+            "resources": [self.resource],
+            "verbs": sorted(self.verbs),
+        }
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(GROUP, "rltrainingjobs", "watched", {
+        "get": "each reconcile reads the job fresh (spec, status, resourceVersion) before deciding",
+        "list": "kopf's initial listing, and the periodic resync that drives timeouts and progress",
+        "watch": "kopf's watch stream: a job change triggers its reconcile",
+        "delete": "ttlSecondsAfterFinished: a finished job is deleted (children go by ownerReference GC)",
+    }),
+    Rule(GROUP, "rltrainingjobs/status", "watched", {
+        "patch": "status (phase, conditions, placement, progress, attempt) is written with a "
+        "resourceVersion precondition so a stale decision is never recorded",
+    }),
+    Rule("", "pods", "watched", {
+        "get": "reading one pod before removing its scheduling gate",
+        "list": "the pods of a job (label rlkube.io/job) are listed on every reconcile",
+        "watch": "kopf's pod event handler: a pod change triggers its job's reconcile",
+        "create": "one pod per planned slot, with deterministic names",
+        "delete": "gang restart, re-plan, suspend, deadline and failure tear the attempt down",
+        "patch": "removing the rlkube.io/gang scheduling gate once the whole gang fits",
+    }),
+    Rule("", "services", "watched", {
+        "get": "checking the job's headless Service exists",
+        "create": "the headless Service that gives each pod a DNS name for torch rendezvous",
+    }),
+    Rule("", "configmaps", "watched", {
+        "get": "checking the job's runtime config ConfigMap exists and is current",
+        "create": "the ConfigMap holding run.yaml (RuntimeConfig with the device map)",
+        "patch": "rewriting run.yaml when a re-plan changes it",
+    }),
+    Rule("", "events", "watched", {
+        "create": "an Event on the job for every decision (placed, admitted, restarted, failed...)",
+    }),
+    Rule("", "nodes", "cluster", {
+        "list": "GPU inventory: allocatable nvidia.com/gpu, readiness, taints and topology labels",
+    }),
+    Rule("", "pods", "cluster", {
+        "list": "GPU inventory: GPUs already requested by pods bound to each node, in any namespace",
+    }),
+    Rule("apiextensions.k8s.io", "customresourcedefinitions", "cluster", {
+        "list": "kopf's resource scan at startup finds the RLTrainingJob resource",
+        "watch": "kopf notices the CRD being (re)installed while it runs",
+    }),
+    Rule("", "namespaces", "cluster", {
+        "list": "kopf resolves the watched namespaces at startup",
+        "watch": "kopf notices watched namespaces being created or deleted",
+    }),
+    Rule("coordination.k8s.io", "leases", "operator", {
+        "get": "leader election: reading who holds the lease",
+        "create": "leader election: the first replica creates the lease",
+        "update": "leader election: renewing, or taking over an expired lease "
+        "(with resourceVersion, so two replicas never both win)",
+    }),
+)
+
+
+def rules_for(scope: Scope) -> list[dict]:
+    """PolicyRules of one scope, merged per (apiGroup, resource), in a stable order."""
+    return [rule.as_policy_rule() for rule in RULES if rule.scope == scope]
+
+
+def cluster_role_rules(clusterwide: bool) -> list[dict]:
+    """The ClusterRole: cluster rules, plus the watched-namespace rules when cluster-wide."""
+    rules = rules_for("cluster")
+    if clusterwide:
+        watched = rules_for("watched")
+        # pods appear in both scopes; a ClusterRole needs one rule with the union of verbs.
+        merged: dict[tuple[str, str], set[str]] = {}
+        for rule in rules + watched:
+            key = (rule["apiGroups"][0], rule["resources"][0])
+            merged.setdefault(key, set()).update(rule["verbs"])
+        rules = [
+            {"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)}
+            for (group, resource), verbs in merged.items()
+        ]
+    return rules

@@ -46,6 +46,7 @@ class ModelSpec(Spec):
     )
     config: dict[str, Any] | None = Field(
         default=None,
+        max_length=256,
         description="A Hugging Face model config (as in config.json, must include model_type) for a "
         "randomly initialised model built with from_config. Exactly one of path and config is set.",
     )
@@ -133,7 +134,7 @@ class RolesSpec(Spec):
         if roles["actor"].colocate_with is not None:
             raise ValueError("actor: must have gpus of its own, not colocateWith")
         if (roles["actor"].gpus or 0) < 1:
-            raise ValueError("actor.gpus: must be >= 1")
+            raise ValueError(f"actor.gpus: must be >= 1, got {roles['actor'].gpus}")
         for name, role in roles.items():
             target = role.colocate_with
             if target is None:
@@ -146,7 +147,8 @@ class RolesSpec(Spec):
                     f"(set roles: {', '.join(roles)})"
                 )
             seen = [name]
-            while roles[target].colocate_with is not None:
+            # A target that itself names a missing role is reported on its own turn.
+            while target in roles and roles[target].colocate_with is not None:
                 if target in seen:
                     raise ValueError(f"{name}.colocateWith: cycle {' -> '.join([*seen, target])}")
                 seen.append(target)
@@ -179,7 +181,7 @@ def device_map(roles: RolesSpec) -> dict[str, list[int]]:
         if role.gpus:
             ranks[name] = list(range(next_rank, next_rank + role.gpus))
             next_rank += role.gpus
-    for name, role in present.items():
+    for name in present:
         if name in ranks:
             continue
         owner = roles.group_owner(name)

@@ -1,0 +1,642 @@
+"""Placement: which node each pod of an RLTrainingJob runs on, and which global ranks it holds.
+
+A pure function of the job's request and the cluster's GPU inventory; it never talks to the API.
+
+Ranks and pods. The job's GPUs are numbered as global ranks. Each role with GPUs of its own gets
+a contiguous range in canonical order (actor first): the device map, identical to
+`rlkube.runtime.config.device_map`. Colocated roles (and roles with `gpus: 0`, which run on the
+actor's processes) share the range of the role they run on. Ranks are packed into pods of
+`gpus_per_pod` consecutive ranks, so pod i holds ranks [i*g, (i+1)*g); a pod runs on one node, a
+node may host several pods of the job, and no node is ever given more GPUs than it has free.
+
+Topology. `topology_keys` are node labels, tightest level first (for example
+`nvidia.com/gpu.clique`, `kubernetes.io/hostname`, `rlkube.io/rack`,
+`topology.kubernetes.io/zone`). At each level the nodes sharing a label value form a domain; a
+node without the label is a domain of its own at that level. Levels are taken in the order
+given and need not nest. Capacity is counted in pod slots (a node with 7 free GPUs holds 3 pods
+of 2), since a pod never spans nodes.
+
+The role group of a role is the set of pods holding its ranks. Its *target level* is the FIRST
+topology key at which some domain is large enough, by allocatable capacity (free or not), to
+hold the group; a group larger than every domain at every level has no target level and may go
+anywhere. A group "lies in a domain" when all of its pods are on nodes of that one domain.
+
+Search, in order; the first step that succeeds is the plan:
+1. Whole job tight: one node first, then each level, tightest first; for each domain able to
+   hold the whole job with its free GPUs (best fit first: the domain whose free GPUs the job
+   fills most exactly, then by name), place every group at its target level inside it.
+2. Every group at its target level, anywhere in the cluster (backtracking over the choice of
+   domain per group, bounded by a fixed number of attempts).
+In steps 1-2 a group's domains are tried in this order: those already holding some of the job's
+pods, then those where it would span the fewest nodes, then best fit, then by name.
+3. policy "preferred" only: greedily, group by group, the tightest level from the target level
+   outwards that still holds the group, else any nodes. The plan then has `fallback=True` and a
+   message naming each group that missed its target level.
+policy "required" means: every role group lies within one domain of its target level. When
+steps 1-2 find no such plan with the current free GPUs, `Unplaceable` is raised with a reason
+naming the key, the GPUs needed and the largest free in one domain (the job stays Pending).
+Not enough free GPUs in pods of `gpus_per_pod` at all is `Unplaceable` under either policy.
+
+Inside a chosen domain the pods of a group go to as few nodes as possible, best fit: if one node
+can take all remaining pods, the one left with the fewest free GPUs; otherwise the node with the
+most room first. Big free blocks thus stay whole for later jobs (low fragmentation), and a group
+that fits on one node gets one node even when no key names the node. Every tie is broken by name,
+so the same request and inventory give the same plan, whatever the order of the inventory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkube.runtime.config import ROLE_NAMES
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+POLICIES = ("required", "preferred")
+
+# Backtracking in search steps 1-2 stops after this many attempts to pack a group into a domain,
+# so a hopeless required placement on a large cluster fails in milliseconds, not minutes.
+MAX_PACK_ATTEMPTS = 20_000
+
+
+# ----------------------------------------------------------------------------------------------
+# Inventory
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """One schedulable node as placement sees it: GPUs allocatable and in use, and its labels."""
+
+    name: str
+    gpus_allocatable: int
+    gpus_used: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus_free(self) -> int:
+        # A node whose allocatable shrank below what its pods hold has nothing free, not less.
+        return max(0, self.gpus_allocatable - self.gpus_used)
+
+
+def _quantity_int(value: Any) -> int:
+    """An integer resource quantity ("8", 8, "2k" is not a GPU count) as int; junk counts as 0."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(float(text))
+        except ValueError:
+            return 0
+
+
+def _pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
+    """GPUs a pod holds on its node: like the scheduler, max(sum of containers, largest init)."""
+
+    def container_request(container: Mapping[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        requests = resources.get("requests") or {}
+        if resource in requests:
+            return _quantity_int(requests[resource])
+        # Extended resources cannot be overcommitted: a limit alone implies an equal request.
+        return _quantity_int((resources.get("limits") or {}).get(resource))
+
+    spec = pod.get("spec") or {}
+    regular = sum(container_request(c) for c in spec.get("containers") or [])
+    init = max((container_request(c) for c in spec.get("initContainers") or []), default=0)
+    return max(regular, init)
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a taint is tolerated, by the Kubernetes matching rules (key, operator, value, effect)."""
+    for tol in tolerations:
+        effect = tol.get("effect") or ""
+        if effect and effect != taint.get("effect"):
+            continue
+        operator = tol.get("operator") or "Equal"
+        key = tol.get("key") or ""
+        if operator == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def inventory_from_objects(
+    nodes: list[dict],
+    pods: list[dict],
+    tolerations: Sequence[Mapping[str, Any]] | None = None,
+    resource: str = GPU_RESOURCE,
+) -> list[NodeInventory]:
+    """The schedulable nodes with their GPU use, from raw API objects (camelCase dicts).
+
+    Skipped: nodes with `spec.unschedulable`, nodes not Ready, and nodes with a NoSchedule or
+    NoExecute taint that `tolerations` (the job's pod tolerations, API form) do not tolerate.
+    Used GPUs are the `resource` requests (or limits, when only limits are set) of pods bound to
+    the node (`spec.nodeName`) that are not Succeeded or Failed. Sorted by node name.
+    """
+    tolerations = list(tolerations or [])
+    used: dict[str, int] = {}
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node_name or phase in ("Succeeded", "Failed"):
+            continue
+        used[node_name] = used.get(node_name, 0) + _pod_gpu_request(pod, resource)
+
+    inventory = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        spec = node.get("spec") or {}
+        if spec.get("unschedulable") or not _node_ready(node):
+            continue
+        blocking = [t for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+        if any(not _tolerated(t, tolerations) for t in blocking):
+            continue
+        name = meta["name"]
+        allocatable = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(resource))
+        inventory.append(
+            NodeInventory(
+                name=name,
+                gpus_allocatable=allocatable,
+                gpus_used=used.get(name, 0),
+                labels=dict(meta.get("labels") or {}),
+            )
+        )
+    return sorted(inventory, key=lambda n: n.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Request and result
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What placement needs from a job: its device groups, pod size, topology levels and policy."""
+
+    role_gpus: dict[str, int]  # roles with GPUs of their own, canonical order (actor first)
+    colocated: dict[str, str]  # role -> role (in role_gpus) whose GPUs it shares
+    gpus_per_pod: int
+    topology_keys: tuple[str, ...]  # tightest first
+    policy: str = "preferred"  # "required" | "preferred"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"spec.placement.policy: must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.gpus_per_pod < 1:
+            raise ValueError(f"spec.placement.gpusPerPod: must be >= 1, got {self.gpus_per_pod}")
+        if self.role_gpus.get("actor", 0) < 1:
+            raise ValueError("spec.roles.actor.gpus: must be >= 1")
+        for name, gpus in self.role_gpus.items():
+            if gpus < 1:
+                raise ValueError(f"spec.roles.{name}.gpus: roles with GPUs of their own need >= 1, got {gpus}")
+        for name, owner in self.colocated.items():
+            if owner not in self.role_gpus:
+                raise ValueError(f"spec.roles.{name}.colocateWith: {owner!r} has no GPUs of its own")
+        if self.total_gpus % self.gpus_per_pod:
+            raise ValueError(
+                f"spec.placement.gpusPerPod: must divide the job's {self.total_gpus} GPUs, "
+                f"got {self.gpus_per_pod}"
+            )
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.role_gpus.values())
+
+    @property
+    def pod_count(self) -> int:
+        return self.total_gpus // self.gpus_per_pod
+
+
+def request_from_spec(spec: Any) -> PlacementRequest:
+    """The placement request of an `RLTrainingJobSpec` (`.roles`, `.placement`)."""
+    roles = spec.roles
+    present = roles.present()
+    role_gpus = {name: role.gpus for name, role in present.items() if role.gpus}
+    colocated = {}
+    for name in present:
+        if name in role_gpus:
+            continue
+        owner = roles.group_owner(name)
+        # Same rule as the runtime's device_map: a group without GPUs runs on the actor's ranks.
+        colocated[name] = owner if owner in role_gpus else "actor"
+    placement = spec.placement
+    return PlacementRequest(
+        role_gpus=role_gpus,
+        colocated=colocated,
+        gpus_per_pod=placement.gpus_per_pod,
+        topology_keys=tuple(placement.topology_keys),
+        policy=placement.policy,
+    )
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """One pod of the plan: its index (NODE_RANK), node, global ranks and the roles it serves."""
+
+    index: int
+    node: str
+    ranks: tuple[int, ...]
+    roles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A whole plan: pods in index order, the device map, and what was decided and why."""
+
+    pods: tuple[PodPlan, ...]
+    device_map: dict[str, list[int]]
+    domains: dict[str, str]  # role -> "key=value" of the tightest domain holding its group
+    fallback: bool
+    messages: tuple[str, ...]
+
+
+class Unplaceable(Exception):
+    """No plan exists with the current free GPUs; `.reason` says why, for the job's status."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def request_device_map(request: PlacementRequest) -> dict[str, list[int]]:
+    """Global ranks of each role, in canonical role order; equals the runtime's `device_map`."""
+    ranks: dict[str, list[int]] = {}
+    next_rank = 0
+    for name, gpus in request.role_gpus.items():
+        ranks[name] = list(range(next_rank, next_rank + gpus))
+        next_rank += gpus
+    for name, owner in request.colocated.items():
+        ranks[name] = list(ranks[owner])
+    order = {name: i for i, name in enumerate(ROLE_NAMES)}
+    return {name: ranks[name] for name in sorted(ranks, key=lambda n: (order.get(n, len(order)), n))}
+
+
+# ----------------------------------------------------------------------------------------------
+# Topology model
+
+_Domain = tuple[str, str]  # ("=", label value) or ("node", node name) for a node without the label
+
+
+@dataclass
+class _Topology:
+    """Nodes (by name) and their domains at every level; free capacity counted in pod slots."""
+
+    keys: tuple[str, ...]
+    gpus_per_pod: int
+    nodes: dict[str, NodeInventory]
+    node_domain: list[dict[str, _Domain]]  # level -> node -> domain
+    domain_nodes: list[dict[_Domain, tuple[str, ...]]]  # level -> domain -> node names (sorted)
+
+    @classmethod
+    def build(cls, keys: tuple[str, ...], gpus_per_pod: int, inventory: Iterable[NodeInventory]) -> _Topology:
+        listed = list(inventory)
+        nodes = {n.name: n for n in sorted(listed, key=lambda n: n.name)}
+        if len(nodes) != len(listed):
+            raise ValueError("inventory: node names must be unique")
+        node_domain: list[dict[str, _Domain]] = []
+        domain_nodes: list[dict[_Domain, tuple[str, ...]]] = []
+        for key in keys:
+            of_node = {
+                name: ("=", node.labels[key]) if key in node.labels else ("node", name)
+                for name, node in nodes.items()
+            }
+            members: dict[_Domain, list[str]] = {}
+            for name, domain in of_node.items():
+                members.setdefault(domain, []).append(name)
+            node_domain.append(of_node)
+            domain_nodes.append({d: tuple(ns) for d, ns in sorted(members.items())})
+        return cls(keys, gpus_per_pod, nodes, node_domain, domain_nodes)
+
+    def slots_allocatable(self, name: str) -> int:
+        return self.nodes[name].gpus_allocatable // self.gpus_per_pod
+
+    def slots_free(self, name: str) -> int:
+        return self.nodes[name].gpus_free // self.gpus_per_pod
+
+    def domain_label(self, level: int, domain: _Domain) -> str:
+        kind, value = domain
+        key = self.keys[level]
+        return f"{key}={value}" if kind == "=" else f"{key}=<unlabeled node {value}>"
+
+    def largest_free(self, level: int) -> int:
+        """Most GPUs usable in pods of gpus_per_pod in one domain of the level, before this job."""
+        return max(
+            (sum(self.slots_free(n) for n in ns) * self.gpus_per_pod for ns in self.domain_nodes[level].values()),
+            default=0,
+        )
+
+    def common_level(self, node_names: Iterable[str]) -> int | None:
+        """The first level at which all the given nodes lie in one domain (None: no level)."""
+        names = set(node_names)
+        for level, of_node in enumerate(self.node_domain):
+            if len({of_node[n] for n in names}) <= 1:
+                return level
+        return None
+
+    def common_domain(self, node_names: Iterable[str]) -> str:
+        """ "key=value" of the tightest domain holding all the nodes ("*" when none does)."""
+        names = sorted(set(node_names))
+        level = self.common_level(names)
+        if level is not None:
+            return self.domain_label(level, self.node_domain[level][names[0]])
+        if len(names) == 1:
+            return f"{HOSTNAME_KEY}={names[0]}"
+        return "*"
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A role with GPUs of its own and the pods holding its ranks."""
+
+    role: str
+    gpus: int
+    pods: tuple[int, ...]
+    target_level: int | None  # first level with a domain big enough by allocatable capacity
+
+
+class _Search:
+    """Mutable state of one plan search: the node of each pod and the slots the job takes."""
+
+    def __init__(self, topo: _Topology, groups: list[_Group], pod_count: int) -> None:
+        self.topo = topo
+        self.groups = groups
+        self.assigned: list[str | None] = [None] * pod_count
+        self.taken: dict[str, int] = {}
+        self.attempts = 0
+
+    def room(self, name: str) -> int:
+        return self.topo.slots_free(name) - self.taken.get(name, 0)
+
+    def job_nodes(self) -> set[str]:
+        return {n for n in self.assigned if n is not None}
+
+    def assign(self, moves: list[tuple[int, str]]) -> None:
+        for pod, name in moves:
+            self.assigned[pod] = name
+            self.taken[name] = self.taken.get(name, 0) + 1
+
+    def unassign(self, moves: list[tuple[int, str]]) -> None:
+        for pod, name in moves:
+            self.assigned[pod] = None
+            self.taken[name] -= 1
+
+    def pack(self, pods: list[int], candidates: Sequence[str]) -> list[tuple[int, str]] | None:
+        """Put pods (in index order) on as few candidate nodes as possible, best fit; None if no room."""
+        self.attempts += 1
+        g = self.topo.gpus_per_pod
+        room = {n: self.room(n) for n in candidates if self.room(n) > 0}
+        if sum(room.values()) < len(pods):
+            return None
+        used_by_job = self.job_nodes()
+        moves: list[tuple[int, str]] = []
+        remaining = list(pods)
+        while remaining:
+            need = len(remaining)
+            fitting = [n for n, r in room.items() if r >= need]
+            if fitting:
+                # Best fit: leave the fewest free GPUs behind; then stay on the job's own nodes.
+                chosen = min(
+                    fitting,
+                    key=lambda n: (
+                        self.topo.nodes[n].gpus_free - (self.taken.get(n, 0) + need) * g,  # noqa: B023
+                        n not in used_by_job,
+                        n,
+                    ),
+                )
+                take = need
+            else:
+                chosen = min(room, key=lambda n: (-room[n], n not in used_by_job, n))
+                take = room[chosen]
+            moves.extend((pod, chosen) for pod in remaining[:take])
+            remaining = remaining[take:]
+            del room[chosen]
+        return moves
+
+    def candidates(self, group: _Group, level: int | None, restrict: frozenset[str] | None) -> list[tuple[str, ...]]:
+        """Node sets (domains at `level`, within `restrict`) that could take the group's open pods."""
+        open_pods = [p for p in group.pods if self.assigned[p] is None]
+        fixed = {self.assigned[p] for p in group.pods if self.assigned[p] is not None}
+        if level is None:
+            pools = [tuple(sorted(restrict)) if restrict is not None else tuple(self.topo.nodes)]
+        else:
+            pools = [
+                tuple(n for n in members if restrict is None or n in restrict)
+                for members in self.topo.domain_nodes[level].values()
+            ]
+        g = self.topo.gpus_per_pod
+        job = self.job_nodes()
+        scored = []
+        for pool in pools:
+            if not fixed <= set(pool):
+                continue
+            room = sum(self.room(n) for n in pool)
+            if room < len(open_pods):
+                continue
+            free = sum(self.topo.nodes[n].gpus_free - self.taken.get(n, 0) * g for n in pool)
+            touches = bool(job & set(pool))
+            # Fewest nodes the group would span in this pool (most room first), then best fit.
+            spans, left = 0, len(open_pods)
+            for r in sorted((self.room(n) for n in pool), reverse=True):
+                if left <= 0:
+                    break
+                spans, left = spans + 1, left - r
+            scored.append(((not touches, spans, free - len(open_pods) * g, pool), pool))
+        return [pool for _, pool in sorted(scored)]
+
+    def place_strict(self, k: int, restrict: frozenset[str] | None) -> bool:
+        """Backtracking: groups k.. each inside one domain of its target level (within restrict)."""
+        if k == len(self.groups):
+            return True
+        group = self.groups[k]
+        open_pods = [p for p in group.pods if self.assigned[p] is None]
+        for pool in self.candidates(group, group.target_level, restrict):
+            if self.attempts >= MAX_PACK_ATTEMPTS:
+                return False
+            moves = self.pack(open_pods, pool)
+            if moves is None:
+                continue
+            self.assign(moves)
+            if self.place_strict(k + 1, restrict):
+                return True
+            self.unassign(moves)
+        return False
+
+    def place_relaxed(self) -> None:
+        """Greedy fallback: each group at the tightest level from its target outwards, else anywhere."""
+        levels = len(self.topo.keys)
+        for group in self.groups:
+            open_pods = [p for p in group.pods if self.assigned[p] is None]
+            start = group.target_level if group.target_level is not None else levels
+            placed = False
+            for level in [*range(start, levels), None]:
+                for pool in self.candidates(group, level, None):
+                    moves = self.pack(open_pods, pool)
+                    if moves is not None:
+                        self.assign(moves)
+                        placed = True
+                        break
+                if placed:
+                    break
+            # Total room was checked before the search, and "anywhere" includes every node.
+            assert placed, f"relaxed placement found no room for {group.role}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning
+
+
+def _groups(request: PlacementRequest, topo: _Topology) -> list[_Group]:
+    g = request.gpus_per_pod
+    groups = []
+    first = 0
+    for role, gpus in request.role_gpus.items():
+        pods = tuple(range(first // g, (first + gpus - 1) // g + 1))
+        first += gpus
+        target = None
+        for level, domains in enumerate(topo.domain_nodes):
+            if any(sum(topo.slots_allocatable(n) for n in ns) >= len(pods) for ns in domains.values()):
+                target = level
+                break
+        groups.append(_Group(role, gpus, pods, target))
+    return groups
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def _unplaceable_reason(request: PlacementRequest, topo: _Topology, groups: list[_Group], exhausted: bool) -> str:
+    g = request.gpus_per_pod
+    for group in groups:
+        if group.target_level is None:
+            continue
+        need = len(group.pods) * g
+        largest = topo.largest_free(group.target_level)
+        if largest < need:
+            return (
+                f"policy required: role {group.role} needs {need} GPUs (in pods of {g}) in one "
+                f"{topo.keys[group.target_level]}, largest free is {largest}"
+            )
+    wants = ", ".join(
+        f"{gr.role} {len(gr.pods) * g} GPUs in one {topo.keys[gr.target_level]}"
+        for gr in groups
+        if gr.target_level is not None
+    )
+    limit = " (search limit reached)" if exhausted else ""
+    return f"policy required: no combination of domains holds every role group at once ({wants}){limit}"
+
+
+def plan_placement(request: PlacementRequest, inventory: list[NodeInventory]) -> Placement:
+    """Plan the job's pods onto nodes (see the module docstring for the rules); or raise Unplaceable."""
+    g = request.gpus_per_pod
+    topo = _Topology.build(request.topology_keys, g, inventory)
+    groups = _groups(request, topo)
+
+    if not any(topo.slots_allocatable(n) for n in topo.nodes):
+        raise Unplaceable(f"no schedulable node has {g} GPUs allocatable (gpusPerPod {g})")
+    usable = sum(topo.slots_free(n) for n in topo.nodes) * g
+    if usable < request.total_gpus:
+        raw = sum(n.gpus_free for n in topo.nodes.values())
+        raise Unplaceable(
+            f"needs {request.total_gpus} GPUs in {request.pod_count} pods of {g}, only {usable} free "
+            f"in pods of {g} ({raw} free GPUs on {len(topo.nodes)} schedulable nodes)"
+        )
+
+    search = _Search(topo, groups, request.pod_count)
+    found = False
+    # Step 1: the whole job inside one domain, tightest level first, best fit first. A single node
+    # comes before every key: it lies inside one domain of every level, whatever the labels say.
+    single_nodes: dict[_Domain, tuple[str, ...]] = {("node", n): (n,) for n in topo.nodes}
+    for domains in [single_nodes, *topo.domain_nodes]:
+        fits = []
+        for members in domains.values():
+            room = sum(topo.slots_free(n) for n in members)
+            if room >= request.pod_count:
+                free = sum(topo.nodes[n].gpus_free for n in members)
+                fits.append((free - request.total_gpus, members))
+        for _, members in sorted(fits):
+            if search.place_strict(0, frozenset(members)):
+                found = True
+                break
+            if search.attempts >= MAX_PACK_ATTEMPTS:
+                break
+        if found or search.attempts >= MAX_PACK_ATTEMPTS:
+            break
+    # Step 2: every group at its own target level, anywhere.
+    if not found and search.attempts < MAX_PACK_ATTEMPTS:
+        found = search.place_strict(0, None)
+    if not found:
+        if request.policy == "required":
+            raise Unplaceable(_unplaceable_reason(request, topo, groups, search.attempts >= MAX_PACK_ATTEMPTS))
+        # Step 3: preferred falls back.
+        search = _Search(topo, groups, request.pod_count)
+        search.place_relaxed()
+
+    return _result(request, topo, groups, [n for n in search.assigned if n is not None])
+
+
+def _result(request: PlacementRequest, topo: _Topology, groups: list[_Group], nodes_of_pod: list[str]) -> Placement:
+    g = request.gpus_per_pod
+    device_map = request_device_map(request)
+    pods = []
+    for index, node in enumerate(nodes_of_pod):
+        ranks = tuple(range(index * g, (index + 1) * g))
+        roles = tuple(r for r, rs in device_map.items() if set(rs) & set(ranks))
+        pods.append(PodPlan(index=index, node=node, ranks=ranks, roles=roles))
+
+    domains: dict[str, str] = {}
+    messages = []
+    fallback = False
+    job_nodes = set(nodes_of_pod)
+    messages.append(
+        f"job: {request.total_gpus} GPUs in {request.pod_count} pods of {g} on {len(job_nodes)} "
+        f"node(s), within {topo.common_domain(job_nodes)}"
+    )
+    for group in groups:
+        group_nodes = sorted({nodes_of_pod[p] for p in group.pods})
+        domains[group.role] = topo.common_domain(group_nodes)
+        ranks = device_map[group.role]
+        messages.append(
+            f"{group.role}: ranks {_ranges(ranks)} in pods {_ranges(group.pods)} on "
+            f"{', '.join(group_nodes)}, within {domains[group.role]}"
+        )
+        if group.target_level is None:
+            continue
+        level = topo.common_level(group_nodes)
+        if level is None or level > group.target_level:
+            fallback = True
+            key = topo.keys[group.target_level]
+            need = len(group.pods) * g
+            largest = topo.largest_free(group.target_level)
+            why = (
+                f"largest free is {largest}"
+                if largest < need
+                else f"the {key} domains with {need} free are needed by this job's other role groups"
+            )
+            messages.append(
+                f"fallback (policy preferred): {group.role} needs {need} GPUs in one {key}, {why}; "
+                f"placed within {domains[group.role]} instead"
+            )
+    for role, owner in request.colocated.items():
+        domains[role] = domains[owner]
+    order = list(device_map)
+    return Placement(
+        pods=tuple(pods),
+        device_map=device_map,
+        domains={r: domains[r] for r in order},
+        fallback=fallback,
+        messages=tuple(messages),
+    )

@@ -113,18 +113,23 @@ def _pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
     return max(regular, init)
 
 
-def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
+def _field(obj: Any, name: str) -> Any:
+    """A field of an API dict, or the attribute of a typed object (rlkube.operator.api.Toleration)."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Any]) -> bool:
     """Whether a taint is tolerated, by the Kubernetes matching rules (key, operator, value, effect)."""
     for tol in tolerations:
-        effect = tol.get("effect") or ""
+        effect = _field(tol, "effect") or ""
         if effect and effect != taint.get("effect"):
             continue
-        operator = tol.get("operator") or "Equal"
-        key = tol.get("key") or ""
+        operator = _field(tol, "operator") or "Equal"
+        key = _field(tol, "key") or ""
         if operator == "Exists":
             if not key or key == taint.get("key"):
                 return True
-        elif key == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or ""):
+        elif key == taint.get("key") and (_field(tol, "value") or "") == (taint.get("value") or ""):
             return True
     return False
 
@@ -137,13 +142,14 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
 def inventory_from_objects(
     nodes: list[dict],
     pods: list[dict],
-    tolerations: Sequence[Mapping[str, Any]] | None = None,
+    tolerations: Sequence[Any] | None = None,
     resource: str = GPU_RESOURCE,
 ) -> list[NodeInventory]:
     """The schedulable nodes with their GPU use, from raw API objects (camelCase dicts).
 
     Skipped: nodes with `spec.unschedulable`, nodes not Ready, and nodes with a NoSchedule or
-    NoExecute taint that `tolerations` (the job's pod tolerations, API form) do not tolerate.
+    NoExecute taint that `tolerations` (the job's pod tolerations: API dicts or
+    `rlkube.operator.api.Toleration`) do not tolerate.
     Used GPUs are the `resource` requests (or limits, when only limits are set) of pods bound to
     the node (`spec.nodeName`) that are not Succeeded or Failed. Sorted by node name.
     """

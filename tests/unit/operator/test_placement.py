@@ -310,6 +310,29 @@ def test_request_from_spec_duck_typed() -> None:
     assert plan.device_map == device_map(roles)
 
 
+def test_request_from_api_spec() -> None:
+    from rlkube.operator.api import parse_spec
+
+    spec = parse_spec({
+        "algorithm": "ppo", "image": "localhost/rlkube/runtime-cpu:dev",
+        "model": {"config": {"model_type": "qwen2"}},
+        "roles": {"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1},
+                  "reference": {"colocateWith": "actor"}},
+        "data": {"source": "synthetic", "format": "synthetic"},
+        "placement": {"gpusPerPod": 2, "policy": "required"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    })
+    req = request_from_spec(spec)
+    assert req.role_gpus == {"actor": 2, "critic": 1, "reward": 1}
+    assert req.colocated == {"reference": "actor"}
+    assert (req.gpus_per_pod, req.policy, req.topology_keys) == (2, "required", KEYS)
+    tainted = api_node("t", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    inventory = inventory_from_objects([tainted], [], tolerations=spec.tolerations)
+    plan = plan_placement(req, inventory)
+    assert plan.device_map == spec.device_map() == device_map(spec.roles)
+    assert [(p.node, p.roles) for p in plan.pods] == [("t", ("actor", "reference")), ("t", ("critic", "reward"))]
+
+
 # -------------------------------------------------------------------------------- properties
 
 
@@ -402,7 +425,7 @@ def check_plan(roles: RolesSpec, req: PlacementRequest, inventory: list[NodeInve
             assert len(domains) == 1, (role, key, domains)
 
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

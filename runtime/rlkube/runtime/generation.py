@@ -1,0 +1,336 @@
+"""Batched rollout generation from a Hugging Face causal LM's own forward, with a KV cache.
+
+What it is: prefill of left-padded prompts of mixed lengths in one forward, then one forward per
+new token over the cache, sampling with temperature / top-k / top-p (greedy at temperature 0)
+and stopping each row at its EOS. What it is not: a serving engine (no paged cache, no
+continuous batching). Rows that finished keep feeding a pad token until every row is done; the
+cost is bounded by the longest completion, as in HF `generate`.
+
+Why not HF `generate`: its per-token Python (logits processors, stopping criteria, mask
+rebuilding) and its default cache (a growing `torch.cat` per layer per token) dominate decode
+time at RL batch sizes. Here the attention mask is built once as a 4-D tensor that the model
+takes as-is and is updated in place; on CUDA the cache is a `StaticCache` (fixed addresses) and
+one decode step is captured in a CUDA graph and replayed, so a step costs one graph launch plus
+the sampling kernels.
+
+Cache slots: the prompt block occupies slots [0, P) (left padding included, masked out); the
+token generated at step s sits at slot P + s. Position ids count only real tokens, so a row's
+first generated token has position = its prompt length, exactly as HF `generate` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# How often (in tokens) the decode loop asks the device whether every row has hit EOS. Each ask
+# is a host sync; asking every token would stall the GPU's queue behind the CPU.
+_EOS_CHECK_EVERY = 8
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    eos_token_id: int | None = None
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_rollout(cls, rollout, eos_token_id: int | None, pad_token_id: int) -> SamplingParams:
+        """From a `config.RolloutSpec`."""
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+        )
+
+
+@dataclass
+class GenerationOutput:
+    """Prompts and completions, prompt block left-padded and completion block right-padded."""
+
+    prompt_ids: torch.Tensor  # [B, P]
+    prompt_mask: torch.Tensor  # [B, P], 1 on real prompt tokens
+    response_ids: torch.Tensor  # [B, T], pad after EOS
+    response_mask: torch.Tensor  # [B, T], 1 on generated tokens up to and including EOS
+
+    @property
+    def sequences(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(dim=1)
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Next token per row from `[B, V]` logits: argmax at temperature 0, else a sample from the
+    temperature-scaled distribution restricted to the top-k and the top-p nucleus.
+
+    Sampling uses the exponential-race form (argmax of p / E with E ~ Exp(1)), which draws from
+    p exactly and costs two elementwise kernels instead of a multinomial's cumulative sums.
+    """
+    if params.temperature == 0.0:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        # Drop a token when the mass before it already reaches top_p; the first token always stays.
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
+        scores = torch.empty_like(scores).scatter_(-1, order, sorted_scores)
+    probs = torch.softmax(scores, dim=-1)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _attention_mode(model) -> str:
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if impl not in ("sdpa", "eager"):
+        # flash-attention takes 2-D padding masks only; it still works here, just without the
+        # prebuilt 4-D mask (and so without CUDA graphs).
+        return "2d"
+    return impl
+
+
+def _cache_kwarg(model) -> str:
+    """transformers renamed `past_key_values` to `cache` in 5.2x; accept either."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class Decoder:
+    """Generation state for one model: its static KV cache and captured decode graphs, kept
+    between calls so each rollout reuses them (a graph is re-captured only when the batch shape
+    or the parameter storage changes, as after an FSDP unshard into fresh memory).
+    """
+
+    def __init__(self, model, static_cache: bool | None = None, cuda_graphs: bool | None = None):
+        self.model = model
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        self.static_cache = on_cuda if static_cache is None else static_cache
+        self.cuda_graphs = (on_cuda and self.static_cache) if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and not on_cuda:
+            raise ValueError("Decoder: cuda_graphs needs the model on a CUDA device")
+        self.mode = _attention_mode(model)
+        if self.mode == "2d" and self.cuda_graphs:
+            log.warning("generation: attention %r takes no 4-D mask; decoding without CUDA graphs",
+                        model.config._attn_implementation)
+            self.cuda_graphs = False
+        self._cache_kwarg = _cache_kwarg(model)
+        self._state: _GraphState | None = None
+        self.last_capture_seconds = 0.0
+
+    # -- masks ---------------------------------------------------------------------------------
+    def _bias(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean [B, 1, Q, K] 'may attend' mask in the form the attention kernel takes."""
+        if self.mode == "eager":
+            dtype = next(self.model.parameters()).dtype
+            zero = torch.zeros((), dtype=dtype, device=allowed.device)
+            return torch.where(allowed, zero, torch.finfo(dtype).min)
+        return allowed
+
+    def _new_cache(self, batch: int, max_len: int):
+        from transformers import DynamicCache, StaticCache
+
+        if self.static_cache:
+            return StaticCache(config=self.model.config, max_cache_len=max_len)
+        return DynamicCache(config=self.model.config)
+
+    def _forward(self, input_ids, position_ids, mask, cache, key_valid_2d=None):
+        kwargs = {self._cache_kwarg: cache}
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=key_valid_2d if self.mode == "2d" else mask,
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
+        return out.logits[:, -1, :]
+
+    # -- the loop ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> GenerationOutput:
+        """Complete every row of a left-padded prompt batch (`input_ids`, `attention_mask`: [B, P])."""
+        if params.max_new_tokens < 1:
+            raise ValueError(f"rollout.maxNewTokens: must be >= 1, got {params.max_new_tokens}")
+        device = next(self.model.parameters()).device
+        input_ids = input_ids.to(device)
+        prompt_mask = attention_mask.to(device=device, dtype=torch.long)
+        if bool((prompt_mask[:, -1] == 0).any()):
+            raise ValueError("generate: prompts must be left-padded (last column all real tokens)")
+        batch, prompt_len = input_ids.shape
+        total = prompt_len + params.max_new_tokens
+
+        # key_valid[b, j]: may any later query attend to cache slot j. Generated slots flip on as
+        # they are written.
+        key_valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
+        key_valid[:, :prompt_len] = prompt_mask.bool()
+        positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min(0)
+
+        if self.cuda_graphs:
+            state = self._graph_state(batch, total)
+            cache = state.cache
+            cache.reset()
+        else:
+            state = None
+            cache = self._new_cache(batch, total)
+
+        # Prefill. Each query attends to valid keys at or before it, and always to itself, so
+        # left-pad queries (which have no valid key) stay finite instead of NaN.
+        q = torch.arange(prompt_len, device=device)
+        kv_len = total if self.static_cache else prompt_len
+        k = torch.arange(kv_len, device=device)
+        allowed = (key_valid[:, None, :kv_len] & (k[None, None, :] <= q[None, :, None])) | (
+            k[None, None, :] == q[None, :, None]
+        )
+        logits = self._forward(input_ids, positions, self._bias(allowed[:, None]), cache, prompt_mask)
+        if state is not None:
+            state.begin(key_valid)
+
+        response = torch.full((batch, params.max_new_tokens), params.pad_token_id, dtype=torch.long,
+                              device=device)
+        response_mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.long, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        next_position = positions[:, -1:] + 1
+        steps_run = 0
+        for step in range(params.max_new_tokens):
+            token = sample_tokens(logits, params, generator)
+            token = torch.where(finished, params.pad_token_id, token)
+            response[:, step] = token
+            response_mask[:, step] = (~finished).long()
+            steps_run = step + 1
+            if params.eos_token_id is not None:
+                finished |= token == params.eos_token_id
+                if (step + 1) % _EOS_CHECK_EVERY == 0 and bool(finished.all()):
+                    break
+            if step + 1 == params.max_new_tokens:
+                break
+            slot = prompt_len + step
+            key_valid[:, slot] = True
+            if state is not None:
+                logits = state.step(token, next_position, slot)
+            else:
+                kv_len = total if self.static_cache else slot + 1
+                mask = self._bias(key_valid[:, None, None, :kv_len])
+                logits = self._forward(token[:, None], next_position, mask, cache, key_valid[:, :kv_len].long())
+            next_position = next_position + 1
+        return GenerationOutput(
+            prompt_ids=input_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response[:, :steps_run],
+            response_mask=response_mask[:, :steps_run],
+        )
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+    def _graph_state(self, batch: int, total: int) -> _GraphState:
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        state = self._state
+        if state is None or state.key != (batch, total) or state.weights != weights:
+            # Drop the old graph and cache before allocating new ones: one cache resident at a time.
+            self._state = None
+            del state
+            self._state = _GraphState(self, batch, total, weights)
+        return self._state
+
+    def release(self) -> None:
+        """Free the KV cache and graphs (the hybrid engine calls this before training)."""
+        self._state = None
+
+
+class _GraphState:
+    """A static cache plus one decode step captured as a CUDA graph, for one (batch, length)."""
+
+    def __init__(self, decoder: Decoder, batch: int, total: int, weights: tuple[int, ...]):
+        import time
+
+        started = time.perf_counter()
+        self.key = (batch, total)
+        self.weights = weights
+        self.decoder = decoder
+        model = decoder.model
+        device = next(model.parameters()).device
+        self.cache = decoder._new_cache(batch, total)
+        self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.mask = decoder._bias(torch.zeros(batch, 1, 1, total, dtype=torch.bool, device=device))
+        self.allowed_value = decoder._bias(torch.ones((), dtype=torch.bool, device=device))
+        # The static cache allocates its tensors on first use; run one throwaway forward at full
+        # width so they exist (at fixed addresses) before capture, then zero them.
+        self.cache.reset()
+        self.mask[..., 0] = self.allowed_value
+        decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
+        counters = [layer.cumulative_length for layer in self.cache.layers]
+        saved = [c.clone() for c in counters]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        for counter, value in zip(counters, saved):
+            counter.copy_(value)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
+        torch.cuda.synchronize()
+        decoder.last_capture_seconds = time.perf_counter() - started
+
+    def step(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
+        self.input_ids.copy_(token[:, None])
+        self.position_ids.copy_(position)
+        self.mask[..., slot] = self.allowed_value
+        self.graph.replay()
+        return self.logits
+
+    def begin(self, key_valid: torch.Tensor) -> None:
+        """Load a new rollout's prompt validity into the graph's mask buffer."""
+        self.mask.copy_(self.decoder._bias(key_valid[:, None, None, :]))
+
+
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    static_cache: bool | None = None,
+    cuda_graphs: bool | None = None,
+) -> GenerationOutput:
+    """One-shot generation (builds a `Decoder`; keep a `Decoder` to reuse caches and graphs)."""
+    return Decoder(model, static_cache=static_cache, cuda_graphs=cuda_graphs).generate(
+        input_ids, attention_mask, params, generator
+    )

@@ -1,0 +1,142 @@
+"""Building the models a role needs: load or create, pick the attention kernel, shard.
+
+- `build_causal_lm(spec, device)`: `from_pretrained(path)` for a real checkpoint (local files
+  only: no hub is reachable from pods), or `from_config` for a randomly initialised model (tiny
+  test models, benchmark shapes). Parameters in `spec.dtype`.
+- `pick_attention(spec.attention, device)`: 'auto' is flash_attention_2 when the flash_attn
+  package is importable and the device is CUDA, else sdpa. An explicit choice that cannot run
+  (flash_attention_2 without the package or without CUDA) is replaced by sdpa with one loud
+  warning. The choice is logged.
+- `shard(module, ctx, role)`: FSDP2 `fully_shard` over the role's process group, one unit per
+  decoder layer plus the root, when the group has more than one rank; bf16 compute with fp32
+  gradient reduction. A one-rank group is left alone.
+- `frozen_copy(model)`: the reference policy, colocated with the actor: a copy of the actor's
+  initial weights, eval mode, `requires_grad=False`, used under `torch.no_grad()` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+
+import torch
+
+from .config import ModelSpec
+from .distributed import DistContext
+from .log import warn_once
+
+log = logging.getLogger("rlkube.runtime")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def pick_attention(requested: str, device: torch.device) -> str:
+    """The attention implementation to use for `requested` on `device` (logged)."""
+    cuda = device.type == "cuda"
+    if requested == "auto":
+        chosen = "flash_attention_2" if (cuda and flash_attn_available()) else "sdpa"
+    elif requested == "flash_attention_2" and not (cuda and flash_attn_available()):
+        why = "the flash_attn package is not installed" if cuda else "the device is not CUDA"
+        warn_once("attention", f"model.attention=flash_attention_2 but {why}; using sdpa instead")
+        chosen = "sdpa"
+    else:
+        chosen = requested
+    log.info("attention: requested %s, using %s on %s", requested, chosen, device.type)
+    return chosen
+
+
+def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    dtype = DTYPES[spec.dtype]
+    if device.type == "cpu" and dtype == torch.float16:
+        warn_once("dtype", "model.dtype=float16 is slow and unstable on CPU; using float32 instead")
+        return torch.float32
+    return dtype
+
+
+def build_causal_lm(spec: ModelSpec, device: torch.device, seed: int = 0) -> tuple[torch.nn.Module, str]:
+    """The causal LM of `spec` on `device`, and the attention implementation it uses."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    attention = pick_attention(spec.attention, device)
+    dtype = resolve_dtype(spec, device)
+    if spec.path is not None:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.path, dtype=dtype, attn_implementation=attention, local_files_only=True
+        )
+    else:
+        fields = dict(spec.config or {})
+        model_type = fields.pop("model_type")
+        try:
+            hf_config = AutoConfig.for_model(model_type, **fields)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"model.config: {e}") from None
+        # Same seed -> same initial weights on every rank, so an unsharded model starts equal.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
+    model.config.use_cache = False
+    if spec.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device), attention
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A forward-only copy: the reference policy."""
+    ref = copy.deepcopy(model)
+    if getattr(ref, "is_gradient_checkpointing", False):
+        ref.gradient_checkpointing_disable()  # nothing to recompute without a backward
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (the FSDP units)."""
+    lm = getattr(model, "lm", model)
+    body = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", lm)
+    layers = getattr(body, "layers", None) or getattr(body, "h", None)
+    if layers is None:
+        raise TypeError(f"{type(lm).__name__}: cannot find decoder layers to shard")
+    return list(layers)
+
+
+def shard(module: torch.nn.Module, ctx: DistContext, role: str = "actor") -> torch.nn.Module:
+    """FSDP2 over the ranks of `role` (no-op for a one-rank group or a non-distributed run)."""
+    ranks = ctx.role_ranks.get(role, [0])
+    if not ctx.initialized or len(ranks) < 2:
+        return module
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    group = ctx.group(role)
+    if group is None:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    else:
+        mesh = DeviceMesh.from_group(group, ctx.device.type)
+    param_dtype = next(module.parameters()).dtype
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
+    return module
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """Total, embedding and non-embedding parameter counts (for MFU)."""
+    lm = getattr(model, "lm", model)
+    total = sum(p.numel() for p in lm.parameters())
+    emb = lm.get_input_embeddings().weight.numel()
+    head = lm.get_output_embeddings().weight
+    tied = head is lm.get_input_embeddings().weight
+    return {
+        "total": total,
+        "embedding": emb,
+        "head": head.numel(),
+        "tied": int(tied),
+        "body": total - emb - (0 if tied else head.numel()),
+    }

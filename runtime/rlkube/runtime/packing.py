@@ -1,0 +1,162 @@
+"""How preference pairs become model inputs: packed rows, or padded rows as the alternative.
+
+Packed: all sequences of a micro-batch are laid end to end in one row (batch size 1) with no
+padding. Position ids restart at 0 for every sequence, and no token may attend across a
+sequence boundary. How that boundary is enforced depends on the attention kernel, and is the
+reason this module exists as its own concept:
+
+- transformers 5.x (masking_utils) recognises a packed row from position ids that restart, when
+  the batch has one row and no attention mask is passed: for sdpa/eager it builds a
+  block-diagonal causal 4-D mask, for flex_attention a sparse BlockMask, and flash_attention_2
+  turns the position ids into cu_seqlens for the varlen kernel (no mask at all).
+- When `explicit_mask=True` we build the block-diagonal causal mask ourselves ([1, 1, T, T],
+  bool, True = may attend) and pass it; this is the path of record for eager/sdpa and the one
+  the tests compare against, so the runtime does not depend on the auto-detection alone.
+
+Padded: sequences of similar length (see bucketing.py) are right-padded to the longest one in
+the micro-batch with a 2-D padding mask; pad tokens are counted as compute but not as tokens.
+
+Either way the batch says, for every token whose next token is a response token, where its
+hidden state sits (`target_index` into the flattened [rows * T] hidden states), which token it
+must predict, and which sequence it belongs to, so log-probs are computed for those positions
+only (see logprobs.py). Sequence 2k is pair k's chosen, 2k+1 its rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .data import PreferenceData
+
+
+@dataclass
+class TokenBatch:
+    """One micro-batch of pairs, ready for the model."""
+
+    input_ids: torch.Tensor  # [rows, T] long
+    position_ids: torch.Tensor  # [rows, T] long
+    attention_mask: torch.Tensor | None  # None, [rows, T] padding mask, or [1, 1, T, T] block mask
+    target_index: torch.Tensor  # [N] long, into the flattened [rows * T] positions
+    target_ids: torch.Tensor  # [N] long, the token each target position predicts
+    target_seq: torch.Tensor  # [N] long, sequence index (2 * pair + {0 chosen, 1 rejected})
+    response_tokens: torch.Tensor  # [2 * pairs] float, tokens scored per sequence
+    pairs: int
+    real_tokens: int  # non-pad tokens in the batch
+    seq_lens: list[int]  # full length of every sequence, in order
+    packed: bool
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return TokenBatch(
+            input_ids=move(self.input_ids),
+            position_ids=move(self.position_ids),
+            attention_mask=move(self.attention_mask),
+            target_index=move(self.target_index),
+            target_ids=move(self.target_ids),
+            target_seq=move(self.target_seq),
+            response_tokens=move(self.response_tokens),
+            pairs=self.pairs,
+            real_tokens=self.real_tokens,
+            seq_lens=self.seq_lens,
+            packed=self.packed,
+        )
+
+    def pin_memory(self) -> TokenBatch:
+        def pin(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.pin_memory()
+
+        return TokenBatch(
+            pin(self.input_ids), pin(self.position_ids), pin(self.attention_mask), pin(self.target_index),
+            pin(self.target_ids), pin(self.target_seq), pin(self.response_tokens), self.pairs,
+            self.real_tokens, self.seq_lens, self.packed,
+        )
+
+
+def sequences(data: PreferenceData, pair_ids: list[int], bos: int, eos: int) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length incl. bos) of every sequence, chosen then rejected per pair."""
+    out = []
+    for i in pair_ids:
+        prompt = [bos, *data.prompts[i]]
+        out.append((prompt + data.chosen[i] + [eos], len(prompt)))
+        out.append((prompt + data.rejected[i] + [eos], len(prompt)))
+    return out
+
+
+def block_causal_mask(seq_lens: list[int]) -> torch.Tensor:
+    """[1, 1, T, T] bool: position q may attend to k iff same sequence and k <= q."""
+    doc = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(seq_lens))
+    same = doc[:, None] == doc[None, :]
+    causal = torch.ones(len(doc), len(doc), dtype=torch.bool).tril()
+    return (same & causal)[None, None]
+
+
+def _targets(starts: list[int], seqs: list[tuple[list[int], int]]):
+    index, ids, seq_of = [], [], []
+    counts = []
+    for s, (start, (tokens, prompt_len)) in enumerate(zip(starts, seqs, strict=True)):
+        # the hidden state at position t predicts token t + 1; response tokens are [prompt_len, len)
+        n = len(tokens) - prompt_len
+        index.extend(range(start + prompt_len - 1, start + len(tokens) - 1))
+        ids.extend(tokens[prompt_len:])
+        seq_of.extend([s] * n)
+        counts.append(n)
+    return (
+        torch.tensor(index, dtype=torch.long),
+        torch.tensor(ids, dtype=torch.long),
+        torch.tensor(seq_of, dtype=torch.long),
+        torch.tensor(counts, dtype=torch.float32),
+    )
+
+
+def pack_pairs(
+    data: PreferenceData, pair_ids: list[int], bos: int, eos: int, explicit_mask: bool = True
+) -> TokenBatch:
+    """All sequences of `pair_ids` in one row, position ids restarting per sequence."""
+    seqs = sequences(data, pair_ids, bos, eos)
+    lens = [len(t) for t, _ in seqs]
+    starts = [0]
+    for n in lens[:-1]:
+        starts.append(starts[-1] + n)
+    flat = [tok for t, _ in seqs for tok in t]
+    positions = [p for n in lens for p in range(n)]
+    index, ids, seq_of, counts = _targets(starts, seqs)
+    return TokenBatch(
+        input_ids=torch.tensor([flat], dtype=torch.long),
+        position_ids=torch.tensor([positions], dtype=torch.long),
+        attention_mask=block_causal_mask(lens) if explicit_mask else None,
+        target_index=index,
+        target_ids=ids,
+        target_seq=seq_of,
+        response_tokens=counts,
+        pairs=len(pair_ids),
+        real_tokens=len(flat),
+        seq_lens=lens,
+        packed=True,
+    )
+
+
+def pad_pairs(data: PreferenceData, pair_ids: list[int], bos: int, eos: int, pad: int) -> TokenBatch:
+    """One row per sequence, right-padded to the longest, with a 2-D padding mask."""
+    seqs = sequences(data, pair_ids, bos, eos)
+    lens = [len(t) for t, _ in seqs]
+    width = max(lens)
+    rows = [t + [pad] * (width - len(t)) for t, _ in seqs]
+    mask = [[1] * n + [0] * (width - n) for n in lens]
+    index, ids, seq_of, counts = _targets([r * width for r in range(len(seqs))], seqs)
+    return TokenBatch(
+        input_ids=torch.tensor(rows, dtype=torch.long),
+        position_ids=torch.arange(width).repeat(len(seqs), 1),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+        target_index=index,
+        target_ids=ids,
+        target_seq=seq_of,
+        response_tokens=counts,
+        pairs=len(pair_ids),
+        real_tokens=sum(lens),
+        seq_lens=lens,
+        packed=False,
+    )

@@ -466,6 +466,8 @@ class _Search:
         """Backtracking: groups k.. each inside one domain of its target level (within restrict)."""
         if k == len(self.groups):
             return True
+        if k == 0 and not all(self.candidates(gr, gr.target_level, restrict) for gr in self.groups):
+            return False  # some group has no room at its target level even alone: no need to search
         group = self.groups[k]
         open_pods = [p for p in group.pods if self.assigned[p] is None]
         for pool in self.candidates(group, group.target_level, restrict):

@@ -39,6 +39,7 @@ from rlkube.runtime.config import (
     CheckpointSpec,
     DataSpec,
     ModelSpec,
+    RoleSpec,
     RolesSpec,
     RolloutSpec,
     RuntimeConfig,
@@ -763,7 +764,8 @@ def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
     if kind == "less_than":
         return f"must be < {ctx['lt']}{got}"
     if kind == "literal_error":
-        return f"must be one of {ctx['expected']}{got}"
+        expected = str(ctx["expected"])
+        return f"must be {expected}{got}" if " or " not in expected else f"must be one of {expected}{got}"
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
@@ -783,7 +785,8 @@ def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
     if kind == "string_too_short":
         return f"must be at least {ctx['min_length']} characters{got}"
     if kind == "string_pattern_mismatch":
-        return f"must match {ctx['pattern']}{got}"
+        pattern = ctx["pattern"]
+        return f"must be {_PATTERN_NAMES[pattern]}{got}" if pattern in _PATTERN_NAMES else f"must match {pattern}{got}"
     if kind == "too_long":
         return f"must have at most {ctx['max_length']} items, got {ctx.get('actual_length')}"
     if kind == "too_short":
@@ -795,6 +798,28 @@ def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
     if kind in ("datetime_type", "datetime_parsing", "datetime_from_date_parsing"):
         return f"must be an RFC 3339 date-time{got}"
     return str(error["msg"])
+
+
+# Patterns as a user would name them, for error messages.
+_PATTERN_NAMES = {
+    QUANTITY_PATTERN: "a Kubernetes quantity such as '500m', '2' or '16Gi'",
+    LABEL_KEY_PATTERN: "a label key such as 'kubernetes.io/hostname' (no spaces; optional 'prefix/')",
+    LABEL_VALUE_PATTERN: "a label value (letters, digits, '-', '_' and '.', at most 63 characters)",
+    DNS_SUBDOMAIN_PATTERN: "a DNS subdomain name (lower-case letters, digits, '-' and '.')",
+    DNS_LABEL_PATTERN: "a DNS label (lower-case letters, digits and '-')",
+}
+
+
+def _pattern_of(model: type[BaseModel], field: str) -> str:
+    return next(m.pattern for m in model.model_fields[field].metadata if getattr(m, "pattern", None))
+
+
+_PATTERN_NAMES[_pattern_of(RoleSpec, "function")] = (
+    "an import path 'package.module:function', e.g. 'rlkube.runtime.rewards:target_pattern'"
+)
+_PATTERN_NAMES[_pattern_of(CheckpointSpec, "volume_claim")] = (
+    "a PersistentVolumeClaim name (lower-case letters, digits, '-' and '.')"
+)
 
 
 def _field_names(model: type[BaseModel] | None) -> list[str]:

@@ -1,0 +1,208 @@
+"""The `rlkube` command line.
+
+    rlkube validate FILE...          check RLTrainingJob manifests; one 'file: path: message' line per error
+    rlkube crd [--out DIR|--check DIR] print, write or check the generated CRD
+    rlkube operator [ARGS...]        run the operator (kopf)
+    rlkube train|run|doctor ARGS...  the trainer: hands over to `python -m rlkube.runtime`
+
+Layering: this module imports neither kopf/kubernetes nor the runtime at import time. The API
+types are imported only by the verbs that need them, and the trainer verbs replace this process
+with the runtime's own entry point, so `rlkube run` on a GPU node never loads the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+RUNTIME_VERBS = ("train", "run", "doctor")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `rlkube` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in RUNTIME_VERBS:
+        _exec_runtime(args[0], args[1:])  # does not return
+    if args and args[0] == "operator":
+        return _operator(args[1:])
+    parser = _parser()
+    ns = parser.parse_args(args)
+    if ns.verb is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if ns.verb == "validate":
+        return validate_files(ns.files, out=sys.stdout, err=sys.stderr)
+    if ns.verb == "crd":
+        return _crd(ns.out, ns.check)
+    parser.error(f"unknown verb {ns.verb}")  # argparse exits
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkube", description="RL post-training on Kubernetes.")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    validate = verbs.add_parser("validate", help="check RLTrainingJob manifests (multi-document YAML)")
+    validate.add_argument("files", nargs="+", metavar="FILE", help="manifest file ('-' reads stdin)")
+    crd = verbs.add_parser("crd", help="print the RLTrainingJob CRD generated from the API types")
+    where = crd.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR", help="write the CRD file into DIR")
+    where.add_argument("--check", metavar="DIR", help="exit 1 if the CRD file in DIR differs from the generator")
+    verbs.add_parser("operator", help="run the operator (kopf); arguments go to it")
+    for verb in RUNTIME_VERBS:
+        verbs.add_parser(verb, help=f"trainer: python -m rlkube.runtime {verb} ...")
+    return parser
+
+
+# -- validate ------------------------------------------------------------------------------------
+
+
+def validate_files(files: Sequence[str], out: TextIO, err: TextIO) -> int:
+    """Validate every RLTrainingJob document of every file; 0 when all are valid, else 1."""
+    failed = False
+    for name in files:
+        for label, problems, summary in _check_file(name):
+            if problems:
+                failed = True
+                for problem in problems:
+                    print(f"{label}: {problem}", file=err)
+            else:
+                print(f"{label}: ok ({summary})", file=out)
+    return 1 if failed else 0
+
+
+def _check_file(name: str) -> Iterator[tuple[str, list[str], str]]:
+    """(label, error lines, summary) for each document of one file."""
+    import yaml
+
+    from rlkube.operator import api
+
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+    except OSError as exc:
+        yield name, [f"cannot read: {exc.strerror or exc}"], ""
+        return
+    try:
+        documents = [doc for doc in load_documents(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        yield name, [f"invalid YAML: {_yaml_problem(exc)}"], ""
+        return
+    if not documents:
+        yield name, ["no YAML documents found"], ""
+        return
+    for index, doc in enumerate(documents):
+        label = name if len(documents) == 1 else f"{name}[{index}]"
+        errors = api.job_errors(doc)
+        if errors:
+            yield label, [str(error) for error in errors], ""
+        else:
+            job = api.parse_job(doc)
+            spec = job.spec
+            pods = spec.pod_count()
+            summary = (
+                f"{job.metadata.name}: {spec.algorithm}, {spec.total_gpus()} GPUs in {pods} "
+                f"pod{'s' if pods != 1 else ''} of {spec.placement.gpus_per_pod}"
+            )
+            yield label, [], summary
+
+
+def load_documents(text: str) -> list[Any]:
+    """All YAML documents of `text`, read the way kubectl reads them.
+
+    PyYAML follows YAML 1.1, where `1e-5` (no dot) is a string; kubectl reads it as a number, as
+    users expect of a learning rate. The loader here resolves such scientific notation as floats.
+    """
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?([0-9][0-9_]*)?\.?[0-9]+([eE][-+]?[0-9]+)$"),
+        list("-+0123456789."),
+    )
+    return list(yaml.load_all(text, Loader=Loader))
+
+
+def _yaml_problem(exc: Any) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+# -- crd -----------------------------------------------------------------------------------------
+
+
+def _crd(out_dir: str | None, check_dir: str | None) -> int:
+    from rlkube.operator import crd
+
+    text = crd.crd_yaml()
+    if out_dir is None and check_dir is None:
+        sys.stdout.write(text)
+        return 0
+    if out_dir is not None:
+        path = Path(out_dir) / crd.CRD_FILENAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+        return 0
+    path = Path(check_dir) / crd.CRD_FILENAME  # type: ignore[arg-type]
+    try:
+        committed = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"{path}: cannot read ({exc.strerror}); run `make crds`", file=sys.stderr)
+        return 1
+    if committed == text:
+        print(f"{path}: up to date")
+        return 0
+    diff = difflib.unified_diff(
+        committed.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "generated"
+    )
+    sys.stderr.writelines(list(diff)[:200])
+    print(f"{path}: differs from the generator (rlkube.operator.api); run `make crds`", file=sys.stderr)
+    return 1
+
+
+# -- operator and runtime verbs ------------------------------------------------------------------
+
+
+def _operator(args: list[str]) -> int:
+    try:
+        from rlkube.operator.main import run
+    except ModuleNotFoundError as exc:
+        if exc.name in ("rlkube.operator.main", "kopf", "kubernetes"):
+            print(
+                f"rlkube operator: cannot start: module {exc.name!r} is missing "
+                "(install rlkube[operator]; rlkube.operator.main is the operator's entry point)",
+                file=sys.stderr,
+            )
+            return 1
+        raise
+    import inspect
+
+    # main.run takes the remaining arguments (kopf's own flags) when it accepts any.
+    takes_args = bool(inspect.signature(run).parameters)
+    if args and not takes_args:
+        print(f"rlkube operator: takes no arguments, got {' '.join(args)}", file=sys.stderr)
+        return 2
+    result = run(args) if takes_args else run()
+    return int(result or 0)
+
+
+def _exec_runtime(verb: str, args: list[str]) -> None:
+    """Replace this process with the runtime's entry point (no operator code stays loaded)."""
+    argv = [sys.executable, "-m", "rlkube.runtime", verb, *args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Prepares the build context of an rlkube image: a folder whose `wheels/` holds every wheel the
+image installs, so the image build itself is offline and pinned.
+
+    python images/build_context.py operator CTX        # prints the context's input hash
+    python images/build_context.py runtime-cpu CTX
+
+What goes in:
+- rlkube's own wheel, built from this checkout;
+- its dependencies for the image's extra (`operator` or `runtime`), at exactly the versions
+  installed in the Python running this script (the project's tested .venv), so an image never
+  runs a version the tests did not. They come from the wheel cache (~/.cache/rlkube/wheels,
+  RLKUBE_WHEELS to override); what is missing there is downloaded into it once, from the
+  package index pip is configured with.
+
+The hash printed (and written to CTX/input-hash) covers the Dockerfile, rlkube's sources and the
+names of the third-party wheels (wheel files of a given name and version never change), so a
+builder can skip an image whose inputs it has built before. It does not cover the base image:
+the builder adds that.
+
+Wheels are hard-linked into the context when the cache is on the same filesystem (the torch
+wheels are ~2.6 GB), else copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGES = REPO / "images"
+# image -> the rlkube extra it installs
+EXTRAS = {"operator": "operator", "runtime-cpu": "runtime"}
+# rlkube's build backend, needed to build its wheel offline (pyproject.toml [build-system]).
+BUILD_REQUIREMENTS = ("setuptools>=69", "wheel")
+SOURCES = ("pyproject.toml", "README.md", "operator", "runtime")
+
+
+def wheel_cache() -> Path:
+    return Path(os.environ.get("RLKUBE_WHEELS", Path.home() / ".cache" / "rlkube" / "wheels"))
+
+
+def _pip(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", *(["-q"] if quiet else []), "--disable-pip-version-check", *args]
+    return subprocess.run(cmd, check=True, text=True, capture_output=True)
+
+
+def _fill_cache(requirements: list[str], constraints: Path, cache: Path) -> None:
+    """Make sure every wheel `requirements` resolve to is in the cache: offline if it can be."""
+    common = ["download", "--only-binary=:all:", "-d", str(cache), "--find-links", str(cache),
+              "-c", str(constraints), *requirements]
+    try:
+        _pip(*common, "--no-index")
+    except subprocess.CalledProcessError:
+        print(f"build_context: fetching missing wheels into {cache}", file=sys.stderr)
+        _pip(*common)
+
+
+def _constraints(path: Path) -> Path:
+    """The versions installed in this Python (rlkube itself excluded), as a pip constraints file."""
+    frozen = _pip("freeze", "--exclude-editable").stdout.splitlines()
+    pins = [line for line in frozen if "==" in line and not line.lower().startswith("rlkube==")]
+    path.write_text("\n".join(pins) + "\n")
+    return path
+
+
+def _build_rlkube_wheel(cache: Path, out: Path, constraints: Path) -> Path:
+    _fill_cache(list(BUILD_REQUIREMENTS), constraints.with_name("none.txt"), cache)
+    _pip("wheel", "--no-deps", "--no-index", "--find-links", str(cache), "-w", str(out), str(REPO))
+    (wheel,) = out.glob("rlkube-*.whl")
+    return wheel
+
+
+def _resolved_files(requirement: str, find_links: list[Path], constraints: Path) -> list[Path]:
+    """The wheel files pip would install for `requirement`, from the given folders only."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        links = [arg for folder in find_links for arg in ("--find-links", str(folder))]
+        _pip("install", "--dry-run", "--ignore-installed", "--no-index", *links, "-c", str(constraints),
+             "--report", str(report), requirement)
+        installs = json.loads(report.read_text())["install"]
+    files = []
+    for item in installs:
+        url = item["download_info"]["url"]
+        if not url.startswith("file://"):
+            raise RuntimeError(f"build_context: {item['metadata']['name']} resolved to {url}, not a local wheel")
+        files.append(Path(url.removeprefix("file://")))
+    return files
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _source_digest(h: hashlib._Hash) -> None:
+    for name in SOURCES:
+        root = REPO / name
+        paths = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        )
+        for path in paths:
+            h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+
+
+def prepare(image: str, ctx: Path) -> str:
+    """Fill `ctx/wheels` for `image` and return the hash of the image's inputs."""
+    if image not in EXTRAS:
+        raise SystemExit(f"build_context: image must be one of {', '.join(EXTRAS)}, got {image!r}")
+    cache = wheel_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = ctx / "wheels"
+    if wheels.exists():
+        shutil.rmtree(wheels)
+    wheels.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        constraints = _constraints(tmp_path / "constraints.txt")
+        (tmp_path / "none.txt").write_text("")
+        own = _build_rlkube_wheel(cache, tmp_path / "own", constraints)
+        requirement = f"rlkube[{EXTRAS[image]}] @ {own.as_uri()}"
+        _fill_cache([requirement], constraints, cache)
+        # pip download also saved the direct-URL rlkube wheel; the cache keeps third-party wheels only.
+        for stale in cache.glob("rlkube-*.whl"):
+            stale.unlink()
+        files = _resolved_files(requirement, [cache], constraints)
+        for path in files:
+            _link(path, wheels / path.name)
+
+    h = hashlib.sha256()
+    h.update((IMAGES / image / "Dockerfile").read_bytes())
+    _source_digest(h)
+    for path in sorted(files, key=lambda p: p.name):
+        if not path.name.startswith("rlkube-"):
+            h.update(path.name.encode() + b"\0")
+    digest = h.hexdigest()[:16]
+    (ctx / "input-hash").write_text(digest + "\n")
+    return digest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Fill an rlkube image's build context with wheels.")
+    parser.add_argument("image", choices=sorted(EXTRAS))
+    parser.add_argument("ctx", type=Path, help="context folder (its wheels/ is replaced)")
+    args = parser.parse_args(argv)
+    print(prepare(args.image, args.ctx))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -239,17 +239,21 @@ class Tally:
                 self.multi_clique += one_clique
 
 
-def run_case(case: str, jobs: list[Job], planner: Planner, pod_size: int) -> dict[str, float]:
+def run_case(case: str, jobs: list[Job], planner: Planner, pod_size: int,
+             depart: Callable[[Job], None] | None = None) -> dict[str, float]:
+    """Feed the jobs to `planner` in order (churn: with departures, announced to `depart`)."""
     labels = cluster_labels()
     used = dict.fromkeys(labels, 0)
     tally = Tally()
-    running: list[tuple[float, list[str], int]] = []  # (end time, nodes, gpus per pod)
+    running: list[tuple[float, Job, list[str]]] = []  # (end time, job, node of each pod)
     samples = []
     for t, job in enumerate(jobs):
         if case == "churn":
-            for _end, nodes, g in [r for r in running if r[0] <= t]:
+            for _end, done, nodes in [r for r in running if r[0] <= t]:
+                if depart is not None:
+                    depart(done)
                 for n in nodes:
-                    used[n] -= g
+                    used[n] -= done.gpus_per_pod
             running = [r for r in running if r[0] > t]
         nodes = planner(job, used)
         if nodes is not None:
@@ -257,7 +261,7 @@ def run_case(case: str, jobs: list[Job], planner: Planner, pod_size: int) -> dic
                 used[n] += job.gpus_per_pod
                 assert used[n] <= GPUS_PER_NODE, f"{n} over-committed"
             tally.add(job, nodes, labels)
-            running.append((t + job.duration, nodes, job.gpus_per_pod))
+            running.append((t + job.duration, job, nodes))
         if case == "churn" and t >= CHURN_WARMUP:
             samples.append(fragmentation(used, pod_size))
     frag = statistics.fmean(samples) if case == "churn" else fragmentation(used, pod_size)
@@ -280,17 +284,38 @@ def common_pod_size(jobs: list[Job]) -> int:
     return max(weight, key=lambda s: (weight[s], s))
 
 
-def case_jobs(case: str, seed: int) -> list[Job]:
+def case_jobs(case: str, seed: int, arrivals: int = CHURN_ARRIVALS) -> list[Job]:
     if case == "fill":
         return job_stream(seed, None)
     mean_size = sum(s * w for s, w in SIZE_WEIGHTS.items()) / sum(SIZE_WEIGHTS.values())
     # Little's law: one arrival per time unit, so mean duration = target GPUs in use / mean size.
     mean_duration = FILL_TARGET * NODES * GPUS_PER_NODE / mean_size
-    return job_stream(seed, CHURN_ARRIVALS, mean_duration)
+    return job_stream(seed, arrivals, mean_duration)
 
 
 METRICS = ("groups_one_clique", "multi_pod_groups_one_clique", "groups_one_node", "jobs_one_clique",
            "fragmentation", "jobs_admitted", "gpus_admitted")
+
+
+def table(rows: list[tuple], header: tuple[str, ...], markdown: bool) -> str:
+    """Rows of (case, metric, numbers or None...) as aligned text or Markdown."""
+
+    def fmt(v: object) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, str):
+            return v
+        if math.isinf(v):  # type: ignore[arg-type]
+            return "inf"
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3f}"  # type: ignore[arg-type]
+
+    lines = [[fmt(v) for v in row] for row in rows]
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
+        return "\n".join(out)
+    widths = [max(len(x) for x in col) for col in zip(header, *lines, strict=True)]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)) for line in [list(header), *lines])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,25 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((case, "plan_ms (rlkube, mean/max)", 1000 * statistics.fmean(timings), 1000 * max(timings),
                      None, None))
 
-    header = ("case", "metric", "rlkube", "kube-scheduler", "ratio", "MostAllocated")
-
-    def fmt(v: float | None) -> str:
-        if v is None:
-            return ""
-        if math.isinf(v):
-            return "inf"
-        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3f}"
-
-    lines = [[c, m, fmt(a), fmt(b), fmt(r), fmt(x)] for c, m, a, b, r, x in rows]
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=True)]
-        for line in [list(header), *lines]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
+    print(table(rows, ("case", "metric", "rlkube", "kube-scheduler", "ratio", "MostAllocated"), args.markdown))
     return 0
 
 

@@ -14,6 +14,8 @@ TORCH_VERSION ?= 2.11.0
 PYTEST     := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
+.PHONY: chart-crds chart-rbac chart-lint
+.PHONY: cluster-bins cluster-status images
 
 help:
 	@echo "make demo         local cluster + operator (Helm) + tiny DPO job trained on CPU stubs"
@@ -46,11 +48,49 @@ crds: setup
 crds-check: setup
 	$(VENV)/bin/rlkube crd --check crds/
 
+# The chart carries the CRDs in its own crds/ folder (Helm installs them before the templates). A
+# symlink does not survive `helm package`, so they are copied from the one source, crds/; a unit
+# test fails when the copies differ.
+chart-crds:
+	rm -f charts/rlkube/crds/*.yaml
+	cp crds/*.yaml charts/rlkube/crds/
+
+# The chart's Role/ClusterRole rules are generated from rlkube.operator.rbac (the operator's needs,
+# verb by verb); a unit test fails when charts/rlkube/files/rbac.yaml is stale.
+chart-rbac: setup
+	$(PY) charts/rlkube/hack/render_rbac.py
+
+# helm is the harness's, built from its Go module (tests/cluster/bins.py builds it when missing).
+HELM = $$($(PY) -c 'from tests.cluster import bins; print(bins.helm())')
+
+chart-lint: setup
+	helm="$(HELM)" && "$$helm" lint --strict charts/rlkube
+
 integration: setup
 	@if ls tests/integration/test_*.py >/dev/null 2>&1; then $(PYTEST) tests/integration -q; else echo "integration: no tests yet"; fi
 
 e2e: setup
 	@if ls tests/e2e/test_*.py >/dev/null 2>&1; then $(PYTEST) tests/e2e -q; else echo "e2e: no tests yet"; fi
+
+# Real local cluster from official sources (tests/cluster, docs/cluster.md). CLUSTER_MODE=full
+# (two kubelet nodes, DNS, fake GPUs) or control-plane (etcd, apiserver, controllers only).
+# Stdlib Python only, so it works before `make setup`. The first run builds the binaries.
+CLUSTER_MODE ?= full
+cluster-bins:
+	tests/cluster/build-bins.sh
+
+cluster-up:
+	$(PYTHON_SYS) tests/cluster/cluster.py up --mode $(CLUSTER_MODE)
+
+cluster-down:
+	$(PYTHON_SYS) tests/cluster/cluster.py down
+
+cluster-status:
+	$(PYTHON_SYS) tests/cluster/cluster.py status
+
+images:
+	for d in images/*/Dockerfile; do n=$$(basename $$(dirname $$d)); \
+	  $(PYTHON_SYS) -c "import sys; sys.path.insert(0, '.'); from tests.cluster import images; print(images.build('$$n'))"; done
 
 test: lint unit crds-check integration e2e
 

@@ -1,8 +1,10 @@
-"""Prepares the build context of an rlkube image: a folder whose `wheels/` holds every wheel the
-image installs, so the image build itself is offline and pinned.
+"""Prepares the wheels an rlkube image installs, so the image build itself is offline and pinned.
 
-    python images/build_context.py operator CTX        # prints the context's input hash
-    python images/build_context.py runtime-cpu CTX
+    python images/build_context.py operator         # prints the input hash
+    python images/build_context.py runtime-cpu
+
+The build context of images/operator and images/runtime-cpu is the repository root; their
+Dockerfiles bind-mount `build/image-wheels/<image>/` (git-ignored), which this script fills.
 
 What goes in:
 - rlkube's own wheel, built from this checkout;
@@ -12,10 +14,11 @@ What goes in:
   RLKUBE_WHEELS to override); what is missing there is downloaded into it once, from the
   package index pip is configured with.
 
-The hash printed (and written to CTX/input-hash) covers the Dockerfile, rlkube's sources and the
+The hash printed (and written to build/image-wheels/<image>.hash) covers the Dockerfile, rlkube's sources and the
 names of the third-party wheels (wheel files of a given name and version never change), so a
-builder can skip an image whose inputs it has built before. It does not cover the base image:
-the builder adds that.
+builder can skip an image whose inputs it has built before: pass it as `--build-arg
+INPUT_HASH=...` (the image records it as a label). It does not cover the base image: the builder
+(tests/cluster/images.py) adds that.
 
 Wheels are hard-linked into the context when the cache is on the same filesystem (the torch
 wheels are ~2.6 GB), else copied.
@@ -111,13 +114,18 @@ def _source_digest(h: hashlib._Hash) -> None:
             h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
 
 
-def prepare(image: str, ctx: Path) -> str:
-    """Fill `ctx/wheels` for `image` and return the hash of the image's inputs."""
+def wheels_dir(image: str) -> Path:
+    """Where the wheels of `image` go: the folder its Dockerfile bind-mounts."""
+    return REPO / "build" / "image-wheels" / image
+
+
+def prepare(image: str) -> str:
+    """Fill `build/image-wheels/<image>` and return the hash of the image's inputs."""
     if image not in EXTRAS:
         raise SystemExit(f"build_context: image must be one of {', '.join(EXTRAS)}, got {image!r}")
     cache = wheel_cache()
     cache.mkdir(parents=True, exist_ok=True)
-    wheels = ctx / "wheels"
+    wheels = wheels_dir(image)
     if wheels.exists():
         shutil.rmtree(wheels)
     wheels.mkdir(parents=True)
@@ -142,16 +150,15 @@ def prepare(image: str, ctx: Path) -> str:
         if not path.name.startswith("rlkube-"):
             h.update(path.name.encode() + b"\0")
     digest = h.hexdigest()[:16]
-    (ctx / "input-hash").write_text(digest + "\n")
+    wheels.with_suffix(".hash").write_text(digest + "\n")
     return digest
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fill an rlkube image's build context with wheels.")
+    parser = argparse.ArgumentParser(description="Fill build/image-wheels/<image> with the image's wheels.")
     parser.add_argument("image", choices=sorted(EXTRAS))
-    parser.add_argument("ctx", type=Path, help="context folder (its wheels/ is replaced)")
     args = parser.parse_args(argv)
-    print(prepare(args.image, args.ctx))
+    print(prepare(args.image))
     return 0
 
 

@@ -1,0 +1,80 @@
+"""Lint-level checks of the Dockerfiles in images/ (the GPU runtime image is never built here).
+
+What the cluster and the chart rely on: a BASE_IMAGE build argument before the first FROM (the
+harness substitutes its local base), a numeric non-root USER (runAsNonRoot is checked by the
+kubelet against the image's numeric user), the entry point the chart or the operator runs, and
+offline installs from the bind-mounted wheel folder that images/build_context.py fills.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+IMAGES = REPO / "images"
+
+
+def _instructions(name: str) -> list[tuple[str, str]]:
+    text = (IMAGES / name / "Dockerfile").read_text()
+    joined = re.sub(r"\\\n", " ", text)
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+@pytest.mark.parametrize("name", ["operator", "runtime", "runtime-cpu"])
+def test_base_image_is_a_build_argument_with_a_public_default(name):
+    ins = _instructions(name)
+    first_from = next(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    args = [rest for word, rest in ins[:first_from] if word == "ARG"]
+    assert any(re.fullmatch(r"BASE_IMAGE=\S+", a) for a in args), f"images/{name}: no ARG BASE_IMAGE=<default>"
+    assert ins[first_from][1].startswith("${BASE_IMAGE}")
+
+
+@pytest.mark.parametrize("name", ["operator", "runtime", "runtime-cpu"])
+def test_runs_as_numeric_non_root_user(name):
+    users = [rest for word, rest in _instructions(name) if word == "USER"]
+    assert users, f"images/{name}: no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"images/{name}: USER {users[-1]} is not a numeric non-root uid"
+
+
+@pytest.mark.parametrize(("name", "extra"), [("operator", "operator"), ("runtime-cpu", "runtime")])
+def test_cpu_images_install_offline_from_their_wheel_folder(name, extra):
+    runs = " ".join(rest for word, rest in _instructions(name) if word == "RUN")
+    assert f"--mount=type=bind,source=build/image-wheels/{name}," in runs
+    assert "--no-index" in runs
+    assert f"'rlkube[{extra}]'" in runs
+
+
+def test_build_context_knows_each_cpu_image_and_its_extra():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_context", IMAGES / "build_context.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.EXTRAS == {"operator": "operator", "runtime-cpu": "runtime"}
+    for name in module.EXTRAS:
+        assert module.wheels_dir(name) == REPO / "build" / "image-wheels" / name
+
+
+def test_gpu_runtime_image_installs_flash_attn_and_the_gpu_extra():
+    runs = " ".join(rest for word, rest in _instructions("runtime") if word == "RUN")
+    assert "flash-attn" in runs
+    assert "[runtime,gpu]" in runs
+    base = next(rest for word, rest in _instructions("runtime") if word == "ARG" and rest.startswith("BASE_IMAGE="))
+    assert "cuda" in base
+
+
+def test_entry_points_match_what_the_chart_and_the_operator_run():
+    entry = {name: next(rest for w, rest in _instructions(name) if w == "ENTRYPOINT") for name in
+             ("operator", "runtime-cpu", "runtime")}
+    assert entry["operator"] == '["rlkube", "operator"]'
+    assert entry["runtime-cpu"] == entry["runtime"] == '["python", "-m", "rlkube.runtime"]'

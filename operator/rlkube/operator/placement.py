@@ -40,8 +40,8 @@ Not enough free GPUs in pods of `gpus_per_pod` at all is `Unplaceable` under eit
 Inside a chosen domain the pods of a group go to as few nodes as possible, best fit: if one node
 can take all remaining pods, the one left with the fewest free GPUs; otherwise the node with the
 most room first. Big free blocks thus stay whole for later jobs (low fragmentation), and a group
-that fits on one node gets one node even when no key names the node. Every tie is broken by name,
-so the same request and inventory give the same plan, whatever the order of the inventory.
+goes to one node whenever its chosen domain has a node with room for all of it. Every tie is
+broken by name, so the same request and inventory give the same plan in any inventory order.
 """
 
 from __future__ import annotations
@@ -264,7 +264,9 @@ class Placement:
 
     pods: tuple[PodPlan, ...]
     device_map: dict[str, list[int]]
-    domains: dict[str, str]  # role -> "key=value" of the tightest domain holding its group
+    # role -> "key=value" of the first level whose one domain holds the role's group; a group on
+    # one node that no key labels gets "kubernetes.io/hostname=<node>", one spanning every level "*"
+    domains: dict[str, str]
     fallback: bool
     messages: tuple[str, ...]
 
@@ -618,7 +620,8 @@ def _result(request: PlacementRequest, topo: _Topology, groups: list[_Group], no
         domains[group.role] = topo.common_domain(group_nodes)
         ranks = device_map[group.role]
         messages.append(
-            f"{group.role}: ranks {_ranges(ranks)} in pods {_ranges(group.pods)} on "
+            f"{group.role}: ranks {_ranges(ranks)} in pod{'s' if len(group.pods) > 1 else ''} "
+            f"{_ranges(group.pods)} on "
             f"{', '.join(group_nodes)}, within {domains[group.role]}"
         )
         if group.target_level is None:

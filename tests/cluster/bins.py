@@ -1,0 +1,102 @@
+"""Where the harness's binaries are, and building them when they are missing.
+
+Kubernetes, etcd, helm and kwok are built from wrapper Go modules under `tests/cluster/go/`
+by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
+RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
+bumping a pin in a go.mod is the whole upgrade. etcd is Debian's `etcd-server` when it is
+installed (the apiserver accepts 3.4), else the one built from go.etcd.io/etcd/server/v3.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GO = HERE / "go"
+BUILD_SCRIPT = HERE / "build-bins.sh"
+
+# component -> (the module its wrapper pins, the binaries it provides)
+COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kubernetes": (
+        "k8s.io/kubernetes",
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"),
+    ),
+    "etcd": ("go.etcd.io/etcd/server/v3", ("etcd",)),
+    "helm": ("helm.sh/helm/v3", ("helm",)),
+    "kwok": ("sigs.k8s.io/kwok", ("kwok",)),
+}
+_BINARY_COMPONENT = {b: c for c, (_, bs) in COMPONENTS.items() for b in bs}
+
+
+class MissingBinary(RuntimeError):
+    """A binary the harness needs is neither cached nor buildable here."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLKUBE_BIN_CACHE", Path.home() / ".cache" / "rlkube" / "bin"))
+
+
+def version(component: str) -> str:
+    """The version the component's wrapper go.mod requires (e.g. "v1.34.4")."""
+    module = COMPONENTS[component][0]
+    text = (GO / component / "go.mod").read_text()
+    m = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.M)
+    if not m:
+        raise MissingBinary(f"tests/cluster/go/{component}/go.mod does not require {module}")
+    return m.group(1)
+
+
+def component_dir(component: str) -> Path:
+    return cache_root() / f"{component}-{version(component)}"
+
+
+def cached(binary: str) -> Path | None:
+    """The cached path of `binary` if it was built, else None."""
+    path = component_dir(_BINARY_COMPONENT[binary]) / binary
+    return path if os.access(path, os.X_OK) else None
+
+
+def build(*components: str) -> None:
+    """Build the components that are not cached yet (slow the first time: see docs/cluster.md)."""
+    if shutil.which("go") is None:
+        raise MissingBinary("the Go toolchain (`go`) is needed to build the cluster binaries")
+    subprocess.run([str(BUILD_SCRIPT), *components], check=True)
+
+
+def etcd() -> Path:
+    """etcd: Debian's etcd-server if installed, else the pinned build."""
+    system = shutil.which("etcd")
+    if system and os.environ.get("RLKUBE_ETCD") != "build":
+        return Path(system)
+    return path("etcd")
+
+
+def path(binary: str, *, build_missing: bool = True) -> Path:
+    """The path of a harness binary, building its component first when needed."""
+    found = cached(binary)
+    if found is None and build_missing:
+        build(_BINARY_COMPONENT[binary])
+        found = cached(binary)
+    if found is None:
+        comp = _BINARY_COMPONENT[binary]
+        raise MissingBinary(
+            f"{binary} is not built: run `tests/cluster/build-bins.sh {comp}` "
+            f"(expected in {component_dir(comp)})"
+        )
+    return found
+
+
+def kubectl() -> Path:
+    return path("kubectl")
+
+
+def helm() -> Path:
+    return path("helm")
+
+
+def kwok() -> Path:
+    return path("kwok")

@@ -1,0 +1,148 @@
+"""Bring the test cluster up or down: `python -m tests.cluster.cluster up|down|status [--mode M]`.
+
+Modes: `control-plane` (etcd, apiserver, controller-manager, scheduler on 127.0.0.1; seconds)
+and `full` (that plus two kubelet nodes with their own containerd, the pod bridge, cluster DNS,
+node labels and fake `nvidia.com/gpu` capacity). State, logs and the admin kubeconfig live in
+/tmp/rlkube-cluster (RLKUBE_CLUSTER_DIR). See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "tests.cluster"
+
+from tests.cluster import controlplane, network, procs  # noqa: E402
+from tests.cluster.layout import Layout, default_nodes  # noqa: E402
+
+MODES = ("control-plane", "full")
+
+
+@contextlib.contextmanager
+def locked(layout: Layout):
+    """Serialize up/down between processes (several test sessions may share one cluster)."""
+    lock_path = layout.state.parent / (layout.state.name + ".lock")
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def mode_file(layout: Layout) -> Path:
+    return layout.state / "mode"
+
+
+def current_mode(layout: Layout) -> str | None:
+    try:
+        return mode_file(layout).read_text().strip()
+    except OSError:
+        return None
+
+
+def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
+    """Start the cluster in `mode`; returns the seconds each stage took."""
+    if mode not in MODES:
+        raise ValueError(f"--mode must be one of {MODES}, got {mode!r}")
+    have = current_mode(layout)
+    healthy = have is not None and controlplane.admin_client(layout, timeout=3).healthy()
+    if healthy and (have == mode or (have == "full" and mode == "control-plane")):
+        return {}
+    if healthy and have == "control-plane" and mode == "full":
+        # Add the nodes to the running control plane: whoever uses it keeps their cluster.
+        from tests.cluster import nodes
+
+        t0 = time.monotonic()
+        nodes.start(layout, default_nodes(), timeout=timeout)
+        mode_file(layout).write_text(mode + "\n")
+        return {"nodes_s": round(time.monotonic() - t0, 1), "total_s": round(time.monotonic() - t0, 1)}
+    if have is not None or layout.state.exists():
+        down(layout)  # a half-started, killed or other-mode cluster: start clean
+    timings: dict[str, float] = {}
+    layout.state.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        controlplane.start(layout, timeout=timeout)
+        timings["control_plane_s"] = round(time.monotonic() - t0, 1)
+        if mode == "full":
+            from tests.cluster import nodes
+
+            t1 = time.monotonic()
+            nodes.start(layout, default_nodes(), timeout=timeout)
+            timings["nodes_s"] = round(time.monotonic() - t1, 1)
+    except BaseException:
+        print(f"cluster-up failed; logs are in {layout.state / 'logs'}", file=sys.stderr)
+        raise
+    mode_file(layout).write_text(mode + "\n")
+    timings["total_s"] = round(time.monotonic() - t0, 1)
+    return timings
+
+
+def down(layout: Layout, *, keep_logs: Path | None = Path("/tmp/rlkube-cluster-logs")) -> dict[str, object]:
+    """Stop everything the cluster started, unmount, remove its network and state. Idempotent."""
+    t0 = time.monotonic()
+    if (layout.state / "nodes").exists():
+        from tests.cluster import nodes
+
+        nodes.stop_containers(layout)
+    signalled = procs.stop_all(layout.state)
+    mounts = network.unmount_under(layout.state)
+    network.bridge_down(layout)
+    left = procs.stray_pids(layout.state) if layout.state.exists() else []
+    if keep_logs and (layout.state / "logs").exists():
+        shutil.rmtree(keep_logs, ignore_errors=True)
+        shutil.copytree(layout.state / "logs", keep_logs)
+    shutil.rmtree(layout.state, ignore_errors=True)
+    return {
+        "stopped": len(signalled),
+        "unmounted": len(mounts),
+        "left_running": left,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def status(layout: Layout) -> dict[str, object]:
+    info: dict[str, object] = {"state": str(layout.state), "mode": current_mode(layout)}
+    info["processes"] = {
+        p.stem: procs.running(layout.state, p.stem) for p in sorted((layout.state / "pids").glob("*.pid"))
+    } if (layout.state / "pids").exists() else {}
+    info["apiserver_ready"] = layout.kubeconfig.exists() and controlplane.admin_client(layout, 3).healthy()
+    info["kubeconfig"] = str(layout.kubeconfig)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("--mode", choices=MODES, default="full")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per readiness wait")
+    args = parser.parse_args(argv)
+    layout = Layout()
+    if args.command == "up":
+        with locked(layout):
+            timings = up(layout, args.mode, args.timeout)
+        print(json.dumps({"mode": args.mode, "kubeconfig": str(layout.kubeconfig), **timings}))
+    elif args.command == "down":
+        with locked(layout):
+            result = down(layout)
+        print(json.dumps(result))
+        if result["left_running"]:
+            print(f"cluster-down: processes still running: {result['left_running']}", file=sys.stderr)
+            return 1
+    else:
+        print(json.dumps(status(layout), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

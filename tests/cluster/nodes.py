@@ -1,0 +1,293 @@
+"""Kubelet nodes on this one machine, each with its own containerd.
+
+Two kubelets can share a host when nothing of theirs overlaps: each node has its own
+containerd (socket, root, state, CRI streaming port and CNI config), its own kubelet root
+directory, ports, serving certificate and `--hostname-override`, and its own slice of the pod
+range on the shared bridge. Pod cgroups are not nested per node (`cgroupsPerQOS: false`), so the
+two kubelets never fight over one `/kubepods` hierarchy; limits still apply per container.
+
+After a node registers, the harness patches `nvidia.com/gpu` into its status capacity and
+allocatable (as Kueue's e2e tests do with kind). The kubelet leaves extended resources it does
+not manage alone when it updates the node status, so the patch stays; `start` verifies it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import bins, images, kubeconfig, network, pki, procs
+from .api import ApiError, wait_for
+from .controlplane import admin_client
+from .layout import Layout, NodeSpec
+
+REPO = Path(__file__).resolve().parents[2]
+CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "buildah", "debootstrap", "iproute2")
+PAUSE_IMAGE = "localhost/rlkube/pause:dev"
+
+
+def ensure_host_packages() -> None:
+    """Install containerd, runc, CNI plugins and buildah from Debian when they are missing."""
+    missing = [b for b in ("containerd", "runc", "buildah", "debootstrap", "ctr") if shutil.which(b) is None]
+    if not missing and cni_bin_dir():
+        return
+    if shutil.which("apt-get") is None:
+        raise RuntimeError(f"missing {missing}; install {' '.join(DEBIAN_PACKAGES)} with the system package manager")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *DEBIAN_PACKAGES],
+                   check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
+def cni_bin_dir() -> str | None:
+    for d in CNI_BIN_DIRS:
+        if Path(d, "bridge").exists() and Path(d, "host-local").exists():
+            return d
+    return None
+
+
+def socket(layout: Layout, node: NodeSpec) -> Path:
+    return layout.node_dir(node) / "containerd.sock"
+
+
+def containerd_name(node: NodeSpec) -> str:
+    return f"containerd-{node.name}"
+
+
+def kubelet_name(node: NodeSpec) -> str:
+    return f"kubelet-{node.name}"
+
+
+def _containerd_config(layout: Layout, node: NodeSpec) -> str:
+    nd = layout.node_dir(node)
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{nd}/containerd/root"
+state = "{nd}/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{socket(layout, node)}"
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{nd}/containerd/opt"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "{node.stream_port}"
+  enable_selinux = false
+  # Pod network namespaces under the state dir, so teardown finds (and unmounts) exactly ours.
+  netns_mounts_under_state_dir = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{cni_bin_dir()}"
+    conf_dir = "{nd}/cni/net.d"
+    max_conf_num = 1
+"""
+
+
+def _cni_config(layout: Layout, node: NodeSpec) -> dict:
+    start, end = node.pod_range
+    return {
+        "cniVersion": "0.4.0",
+        "name": f"rlkube-{node.name}",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": layout.bridge,
+                # The harness owns the bridge address; a gateway bridge would also switch on the
+                # host's IP forwarding, which would let pod traffic leave the machine.
+                "isGateway": False,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(layout.node_dir(node) / "cni" / "ipam"),
+                    "ranges": [[{"subnet": layout.pod_network, "rangeStart": start, "rangeEnd": end,
+                                 "gateway": layout.bridge_ip}]],  # fmt: skip
+                    # Only the Service range (for the apiserver relay); no default route.
+                    "routes": [{"dst": layout.service_cidr, "gw": layout.bridge_ip}],
+                },
+            }
+        ],
+    }
+
+
+def _kubelet_config(layout: Layout, node: NodeSpec, crt: Path, key: Path) -> dict:
+    nd = layout.node_dir(node)
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": layout.bridge_ip,
+        "port": node.kubelet_port,
+        "readOnlyPort": 0,
+        "healthzPort": 0,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(layout.pki / "ca.crt")},
+        },
+        # Only the apiserver (system:masters client cert, checked above) can reach this port.
+        "authorization": {"mode": "AlwaysAllow"},
+        "tlsCertFile": str(crt),
+        "tlsPrivateKeyFile": str(key),
+        "containerRuntimeEndpoint": f"unix://{socket(layout, node)}",
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "clusterDNS": [layout.bridge_ip],
+        "clusterDomain": layout.cluster_domain,
+        "resolvConf": str(nd / "resolv.conf"),
+        "makeIPTablesUtilChains": False,
+        "volumePluginDir": str(nd / "volume-plugins"),
+        "serializeImagePulls": False,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "nodeStatusUpdateFrequency": "10s",
+        # Report every 10 s even without changes, so a test can see a status update happen.
+        "nodeStatusReportFrequency": "10s",
+        "syncFrequency": "10s",
+        "maxPods": 60,
+        "podPidsLimit": -1,
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+    }
+
+
+def prepare(layout: Layout, node: NodeSpec) -> None:
+    nd = layout.node_dir(node)
+    for d in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pki", "volume-plugins"):
+        (nd / d).mkdir(parents=True, exist_ok=True)
+    (nd / "containerd.toml").write_text(_containerd_config(layout, node))
+    (nd / "cni/net.d/10-rlkube.conflist").write_text(json.dumps(_cni_config(layout, node), indent=2))
+    # An empty base resolv.conf: pods get only the cluster DNS and its search path, nothing of the host's.
+    (nd / "resolv.conf").write_text("")
+    crt, key = pki.issue(layout.pki, pki.Identity(f"kubelet-{node.name}", f"system:node:{node.name}", "system:nodes"))
+    kubeconfig.write(nd / "kubelet.kubeconfig", server=layout.server, ca=layout.pki / "ca.crt", cert=crt, key=key,
+                     user=f"system:node:{node.name}")  # fmt: skip
+    serving = pki.issue(layout.pki, pki.Identity(f"kubelet-serving-{node.name}", node.name,
+                                                 hosts=(layout.bridge_ip, node.name)))  # fmt: skip
+    (nd / "kubelet.json").write_text(json.dumps(_kubelet_config(layout, node, *serving), indent=2))
+
+
+def start_containerd(layout: Layout, node: NodeSpec) -> None:
+    procs.start(layout.state, containerd_name(node),
+                ["containerd", "--config", str(layout.node_dir(node) / "containerd.toml")])  # fmt: skip
+
+
+def ctr(layout: Layout, node: NodeSpec, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ctr", "--address", str(socket(layout, node)), "--namespace", "k8s.io", *args],
+                          capture_output=True, text=True, check=check)  # fmt: skip
+
+
+def start_kubelet(layout: Layout, node: NodeSpec) -> None:
+    nd = layout.node_dir(node)
+    labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))
+    procs.start(
+        layout.state,
+        kubelet_name(node),
+        [
+            str(bins.path("kubelet")),
+            f"--config={nd / 'kubelet.json'}",
+            f"--kubeconfig={nd / 'kubelet.kubeconfig'}",
+            f"--root-dir={nd / 'kubelet'}",
+            f"--cert-dir={nd / 'pki'}",
+            f"--hostname-override={node.name}",
+            f"--node-ip={layout.bridge_ip}",
+            f"--node-labels={labels}",
+            "--v=1",
+        ],
+    )  # fmt: skip
+
+
+def _node_ready(obj: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
+
+
+def patch_gpus(layout: Layout, node: NodeSpec) -> None:
+    gpus = str(layout.gpus_per_node)
+    admin_client(layout).patch(
+        f"/api/v1/nodes/{node.name}/status",
+        {"status": {"capacity": {"nvidia.com/gpu": gpus}, "allocatable": {"nvidia.com/gpu": gpus}}},
+    )
+
+
+def _start_network_services(layout: Layout) -> None:
+    env = {"PYTHONPATH": str(REPO)}
+    for name, module in (("cluster-dns", "tests.cluster.dns"), ("apiserver-relay", "tests.cluster.relay")):
+        if not procs.running(layout.state, name):
+            procs.start(layout.state, name, [sys.executable, "-m", module, "--state", str(layout.state)], env=env)
+
+
+def start(layout: Layout, nodes: list[NodeSpec], timeout: float = 240.0) -> None:
+    """Start containerd and a kubelet per node; wait until every node is Ready with its GPUs."""
+    ensure_host_packages()
+    bins.path("kubelet")
+    network.bridge_up(layout)
+    _start_network_services(layout)
+    for node in nodes:
+        prepare(layout, node)
+        start_containerd(layout, node)
+    for node in nodes:
+        wait_for(f"containerd of {node.name}",
+                 lambda n=node: procs.running(layout.state, containerd_name(n)) and ctr(layout, n, "version").returncode == 0,
+                 60, diagnose=lambda n=node: procs.log_tail(layout.state, containerd_name(n)))  # fmt: skip
+    # The sandbox (pause) image must be in each containerd before the kubelet makes a pod.
+    images.load(layout, nodes, images.build("pause"))
+    for node in nodes:
+        start_kubelet(layout, node)
+    client = admin_client(layout)
+
+    def ready(node: NodeSpec) -> bool:
+        if not procs.running(layout.state, kubelet_name(node)):
+            raise RuntimeError(f"kubelet of {node.name} exited:\n{procs.log_tail(layout.state, kubelet_name(node))}")
+        try:
+            return _node_ready(client.get(f"/api/v1/nodes/{node.name}"))
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+
+    for node in nodes:
+        wait_for(f"node {node.name} Ready", lambda n=node: ready(n), timeout,
+                 diagnose=lambda n=node: procs.log_tail(layout.state, kubelet_name(n)))  # fmt: skip
+
+    def gpus_stuck(node: NodeSpec) -> bool:
+        patch_gpus(layout, node)
+        # Stuck = still there after the kubelet's next status update (nodeStatusUpdateFrequency 10s
+        # is too slow to wait for each time; one fresh read after a patch proves it was accepted).
+        obj = client.get(f"/api/v1/nodes/{node.name}")
+        return obj["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(layout.gpus_per_node)
+
+    for node in nodes:
+        wait_for(f"nvidia.com/gpu on {node.name}", lambda n=node: gpus_stuck(n), 30)
+
+
+def stop_containers(layout: Layout) -> None:
+    """Kill every task of every node's containerd that still answers (before containerd goes)."""
+    for nd in sorted((layout.state / "nodes").glob("*")):
+        sock = nd / "containerd.sock"
+        if not sock.exists():
+            continue
+        base = ["ctr", "--address", str(sock), "--namespace", "k8s.io", "--timeout", "5s"]
+        listed = subprocess.run([*base, "tasks", "ls", "-q"], capture_output=True, text=True)
+        for task in listed.stdout.split():
+            subprocess.run([*base, "tasks", "kill", "-s", "SIGKILL", task], capture_output=True)
+        for task in listed.stdout.split():
+            subprocess.run([*base, "tasks", "delete", "-f", task], capture_output=True)

@@ -14,7 +14,6 @@ TORCH_VERSION ?= 2.11.0
 PYTEST     := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
-.PHONY: cluster-bins cluster-status images
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
 
@@ -72,26 +71,6 @@ integration: setup
 
 e2e: setup
 	@if ls tests/e2e/test_*.py >/dev/null 2>&1; then $(PYTEST) tests/e2e -q; else echo "e2e: no tests yet"; fi
-
-# Real local cluster from official sources (tests/cluster, docs/cluster.md). CLUSTER_MODE=full
-# (two kubelet nodes, DNS, fake GPUs) or control-plane (etcd, apiserver, controllers only).
-# Stdlib Python only, so it works before `make setup`. The first run builds the binaries.
-CLUSTER_MODE ?= full
-cluster-bins:
-	tests/cluster/build-bins.sh
-
-cluster-up:
-	$(PYTHON_SYS) tests/cluster/cluster.py up --mode $(CLUSTER_MODE)
-
-cluster-down:
-	$(PYTHON_SYS) tests/cluster/cluster.py down
-
-cluster-status:
-	$(PYTHON_SYS) tests/cluster/cluster.py status
-
-images:
-	for d in images/*/Dockerfile; do n=$$(basename $$(dirname $$d)); \
-	  $(PYTHON_SYS) -c "import sys; sys.path.insert(0, '.'); from tests.cluster import images; print(images.build('$$n'))"; done
 
 # Real local cluster from official sources (tests/cluster, docs/cluster.md). CLUSTER_MODE=full
 # (two kubelet nodes, DNS, fake GPUs) or control-plane (etcd, apiserver, controllers only).

@@ -135,8 +135,11 @@ class PrivateCluster:
             shutil.rmtree(state, ignore_errors=True)
 
     def alive(self) -> dict[str, bool]:
-        names = ["etcd", "kube-apiserver", "kube-scheduler"] + (["kwok"] if self.kwok else [])
-        return {n: procs.running(self.layout.state, n) for n in names}
+        """The processes placement depends on (kwok only fakes pod status, so it is not one)."""
+        return {n: procs.running(self.layout.state, n) for n in ("etcd", "kube-apiserver", "kube-scheduler")}
+
+    def kwok_running(self) -> bool:
+        return self.kwok and procs.running(self.layout.state, "kwok")
 
     def make_nodes(self) -> None:
         gpu = str(sim.GPUS_PER_NODE)
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert all(alive.values()), f"a cluster process died: {alive}"
             means = {p: {m: statistics.fmean(r[m] for r in rs) for m in [*sim.METRICS, "jobs_offered"]}
                      for p, rs in results.items()}
+            setup["kwok_running"] = cluster.kwok_running()
             record = {"case": case, "setup": setup, "mean": means, "per_seed": results,
                       **{k: statistics.fmean(v) for k, v in extra.items()}}
             print(json.dumps(record, sort_keys=True), flush=True)

@@ -425,7 +425,7 @@ def check_plan(roles: RolesSpec, req: PlacementRequest, inventory: list[NodeInve
             assert len(domains) == 1, (role, key, domains)
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

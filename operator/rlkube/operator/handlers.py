@@ -1,0 +1,165 @@
+"""kopf wiring: watch events become reconcile requests; a work queue runs them.
+
+The handlers are thin on purpose. A job event (including kopf's initial listing at start-up,
+which is how a restarted operator resumes every job) and an event of any pod labelled
+`rlkube.io/job` request a reconcile of that job; nothing else happens in a handler. The
+`WorkQueue` runs at most one reconcile per job at a time on a thread pool, coalesces the
+requests that arrive meanwhile into one more run, retries conflicts at once and errors with
+backoff, and wakes a job when its decision asks (`requeue_after`: restart backoff, gang timeout,
+deadline, TTL). A resync loop requests every job every `resync_seconds`, which also polls
+rank 0's /progress, and catches anything a watch missed.
+
+Level-triggered `kopf.on.event` handlers need no state of kopf's on the job: no
+last-handled-configuration annotation, no progress in status, and no finalizer (kopf adds one
+for timers and daemons, which is why the periodic work lives in the resync loop instead).
+Events are posted by the reconciler itself, through the API, because kopf's event poster is
+bound to its per-object tasks and the resync loop runs outside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Iterable
+
+import kopf
+
+from rlkube.operator.api import GROUP, PLURAL, VERSION
+from rlkube.operator.kubeapi import ApiError, Conflict
+from rlkube.operator.metrics import Metrics
+from rlkube.operator.observed import LABEL_JOB
+from rlkube.operator.reconcile import Reconciler
+
+logger = logging.getLogger("rlkube.operator")
+
+Key = tuple[str, str]  # (namespace, name)
+
+ERROR_RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class WorkQueue:
+    """Per-job serialised, coalescing reconcile requests on an asyncio loop."""
+
+    def __init__(self, reconciler: Reconciler, workers: int = 16, metrics: Metrics | None = None) -> None:
+        self.reconciler = reconciler
+        self.metrics = metrics or reconciler.metrics
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+        self._pending: dict[Key, bool] = {}     # key -> poll progress on the next run
+        self._running: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._failures: dict[Key, int] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def request(self, key: Key, poll: bool = False) -> None:
+        """Reconcile `key` soon (once more after the current run, if one is running)."""
+        self._pending[key] = self._pending.get(key, False) or poll
+        if key not in self._running:
+            self._running.add(key)
+            task = asyncio.get_running_loop().create_task(self._work(key))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self.metrics.queue_depth.set(len(self._running))
+
+    def request_after(self, key: Key, seconds: float) -> None:
+        """Reconcile `key` in `seconds` (the earliest of several such requests wins)."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, seconds)
+        timer = self._timers.get(key)
+        if timer is not None and not timer.cancelled() and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.request(key)
+
+    def forget(self, key: Key) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self._failures.pop(key, None)
+
+    async def _work(self, key: Key) -> None:
+        loop = asyncio.get_running_loop()
+        namespace, name = key
+        try:
+            while key in self._pending:
+                poll = self._pending.pop(key)
+                try:
+                    decision = await loop.run_in_executor(self.executor, self.reconciler.reconcile, namespace, name, poll)
+                except Conflict:
+                    # The job changed after it was read: decide again on the new version, now.
+                    self.metrics.observe_error("conflict")
+                    self._pending.setdefault(key, poll)
+                    continue
+                except Exception as exc:
+                    count = self._failures.get(key, 0)
+                    self._failures[key] = count + 1
+                    delay = ERROR_RETRY_SECONDS[min(count, len(ERROR_RETRY_SECONDS) - 1)]
+                    kind = f"api_{exc.status}" if isinstance(exc, ApiError) else type(exc).__name__
+                    self.metrics.observe_error(kind)
+                    logger.warning("%s/%s: reconcile failed (%s), retrying in %.0fs: %s", namespace, name, kind,
+                                   delay, exc, exc_info=not isinstance(exc, ApiError))
+                    self.request_after(key, delay)
+                    continue
+                self._failures.pop(key, None)
+                if decision is None:
+                    self.forget(key)
+                elif decision.requeue_after is not None:
+                    self.request_after(key, decision.requeue_after)
+        finally:
+            self._running.discard(key)
+            self.metrics.queue_depth.set(len(self._running))
+            if key in self._pending:  # a request raced the exit of the loop above
+                self.request(key, self._pending.pop(key))
+
+    async def drain(self) -> None:
+        """Wait for the running reconciles (used at shutdown and by tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def resync_loop(queue: WorkQueue, list_jobs: Callable[[], Iterable[Key]], seconds: float,
+                      metrics: Metrics) -> None:
+    """Request every job every `seconds`, polling progress; beats the liveness heartbeat."""
+    loop = asyncio.get_running_loop()
+    while True:
+        metrics.beat()
+        try:
+            keys = await loop.run_in_executor(queue.executor, lambda: list(list_jobs()))
+            for key in keys:
+                queue.request(key, poll=True)
+        except Exception as exc:
+            metrics.observe_error("resync")
+            logger.warning("resync: listing jobs failed: %s", exc)
+        await asyncio.sleep(seconds)
+
+
+def build_registry(queue: WorkQueue) -> kopf.OperatorRegistry:
+    """A kopf registry with the operator's handlers (explicit, so nothing registers on import)."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs):  # the official client's loaders: in-cluster or $KUBECONFIG
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def job_event(event, name, namespace, **_):
+        if event.get("type") == "DELETED":
+            queue.forget((namespace, name))
+            return
+        queue.request((namespace, name))
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    async def pod_event(namespace, labels, **_):
+        queue.request((namespace, labels[LABEL_JOB]))
+
+    return registry

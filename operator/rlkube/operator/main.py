@@ -1,0 +1,159 @@
+"""The operator process: `rlkube operator [flags]` (also `python -m rlkube.operator`).
+
+Start-up order: serve /healthz, /readyz and /metrics; win the leader lease (standby replicas
+wait here, healthy but not ready); then run kopf with the handlers of `handlers.py`, the work
+queue and the resync loop. Watch streams are bounded on both sides (`server_timeout` asks the
+API server to end each watch, `client_timeout` abandons a silent one), because a watch behind a
+load balancer can otherwise hang forever with no error: kopf's known "operator stops seeing
+events" freeze. Losing the lease exits the process (it never keeps acting without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+import uuid
+
+from rlkube.operator.kubeapi import KubeAPI
+from rlkube.operator.leader import LeaderElector
+from rlkube.operator.lifecycle import Settings
+from rlkube.operator.metrics import Metrics, serve
+from rlkube.operator.reconcile import Reconciler
+
+logger = logging.getLogger("rlkube.operator")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rlkube operator", description="Reconcile RLTrainingJobs into gang-scheduled GPU pods.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="namespace to watch (repeatable); default: $WATCH_NAMESPACE, else all namespaces")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: $KUBECONFIG, else in-cluster)")
+    p.add_argument("--identity", default=None,
+                   help="leader-election identity (default: $POD_NAME, else hostname plus a random suffix)")
+    p.add_argument("--lease-namespace", default=None,
+                   help="namespace of the leader Lease (default: $POD_NAMESPACE, else the first watched namespace)")
+    p.add_argument("--lease-name", default="rlkube-operator")
+    p.add_argument("--no-leader-election", action="store_true", help="run without the Lease (one replica only)")
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("RLKUBE_METRICS_PORT", "8080")),
+                   help="port of /metrics, /healthz, /readyz (0: off)")
+    p.add_argument("--metrics-host", default="0.0.0.0")
+    p.add_argument("--resync-seconds", type=float, default=10.0,
+                   help="every job is reconciled (and rank 0's /progress polled) this often")
+    p.add_argument("--workers", type=int, default=16, help="reconciles running at once (different jobs)")
+    p.add_argument("--backoff-base-seconds", type=float, default=Settings.backoff_base_seconds,
+                   help="wait before the first gang restart; doubles per restart")
+    p.add_argument("--backoff-max-seconds", type=float, default=Settings.backoff_max_seconds)
+    p.add_argument("--unschedulable-retry-seconds", type=float, default=Settings.unschedulable_retry_seconds)
+    p.add_argument("--watch-server-timeout", type=int, default=300,
+                   help="seconds after which the API server ends each watch (kopf reconnects)")
+    p.add_argument("--watch-client-timeout", type=int, default=330,
+                   help="seconds after which a silent watch is abandoned client-side")
+    p.add_argument("--liveness", default=None,
+                   help="also serve kopf's own liveness endpoint at this URL (e.g. http://0.0.0.0:8081/healthz)")
+    p.add_argument("--log-level", default=os.environ.get("RLKUBE_LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    if not args.namespace and not args.all_namespaces and os.environ.get("WATCH_NAMESPACE"):
+        args.namespace = [ns for ns in os.environ["WATCH_NAMESPACE"].split(",") if ns]
+    return args
+
+
+def default_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the operator until SIGTERM/SIGINT (or until the leader lease is lost: exit 1)."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(max(logging.INFO, logging.getLevelName(args.log_level.upper())))
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads it too
+    api = KubeAPI.from_environment(args.kubeconfig)
+    metrics = Metrics()
+    if args.metrics_port:
+        serve(metrics, args.metrics_port, args.metrics_host)
+
+    elector = None
+    if not args.no_leader_election:
+        lease_ns = args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
+        elector = LeaderElector(api, lease_ns, args.identity or default_identity(), name=args.lease_name)
+        elector.acquire()
+
+        def lost() -> None:
+            # Never keep acting without the lease: stop now, the Deployment restarts us as a standby.
+            logger.critical("leader lease lost: exiting")
+            os._exit(1)
+
+        elector.keep_renewing(lost)
+    metrics.leader.set(1)
+
+    settings = Settings(
+        backoff_base_seconds=args.backoff_base_seconds,
+        backoff_max_seconds=args.backoff_max_seconds,
+        unschedulable_retry_seconds=args.unschedulable_retry_seconds,
+    )
+    reconciler = Reconciler(api, settings, metrics)
+    try:
+        asyncio.run(_operate(args, api, reconciler, metrics))
+    finally:
+        if elector is not None:
+            elector.release()
+    return 0
+
+
+async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconciler, metrics: Metrics) -> None:
+    import kopf
+
+    from rlkube.operator.handlers import WorkQueue, build_registry, resync_loop
+
+    queue = WorkQueue(reconciler, workers=args.workers, metrics=metrics)
+    registry = build_registry(queue)
+    settings = kopf.OperatorSettings()
+    settings.watching.server_timeout = args.watch_server_timeout
+    settings.watching.client_timeout = args.watch_client_timeout
+    settings.watching.connect_timeout = 10
+    settings.peering.standalone = True      # leadership is the Lease's job (leader.py)
+    settings.posting.enabled = False        # Events are posted by the reconciler (handlers.py says why)
+    namespaces = list(args.namespace)
+
+    def list_jobs():
+        if namespaces:
+            for ns in namespaces:
+                for job in api.list_jobs(ns):
+                    yield (ns, job["metadata"]["name"])
+        else:
+            for job in api.list_jobs(None):
+                yield (job["metadata"]["namespace"], job["metadata"]["name"])
+
+    ready = asyncio.Event()
+
+    async def mark_ready() -> None:
+        await ready.wait()
+        metrics.ready = True
+        logger.info("operator ready: watching %s", ", ".join(namespaces) or "all namespaces")
+
+    helpers = [
+        asyncio.create_task(resync_loop(queue, list_jobs, args.resync_seconds, metrics)),
+        asyncio.create_task(mark_ready()),
+    ]
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            namespaces=namespaces,
+            clusterwide=not namespaces,
+            standalone=True,
+            liveness_endpoint=args.liveness,
+            ready_flag=ready,
+        )
+    finally:
+        for task in helpers:
+            task.cancel()
+        queue.close()

@@ -1,0 +1,130 @@
+"""One reconcile of one job: fetch, decide (pure), write. Synchronous; runs on a worker thread.
+
+`Reconciler.reconcile(namespace, name)` reads the job and its pods fresh from the API server
+(never from a cache, so a restarted operator decides on the same facts as the one before it),
+calls `lifecycle.decide`, lists nodes and bound pods only when the decision needs the GPU
+inventory, and applies the decision in the order that keeps every crash recoverable:
+
+1. status (merge patch with the job's resourceVersion: a stale decision fails with Conflict and
+   is recomputed, never recorded);
+2. pod deletions; 3. creations (AlreadyExists is success: names are deterministic);
+4. gate removals (JSON patch with `test` ops: only that attempt's pod, only our gate);
+5. Events; 6. deleting the job itself (ttlSecondsAfterFinished, with a uid precondition).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlkube.operator import render
+from rlkube.operator.api import API_VERSION, KIND
+from rlkube.operator.kubeapi import KubeAPI
+from rlkube.operator.lifecycle import Decision, Settings, cluster_view, decide
+from rlkube.operator.metrics import Metrics
+from rlkube.operator.observed import GANG_GATE, LABEL_JOB, JobView, owned_by, pod_views
+from rlkube.operator.progress_client import poll_progress
+from rlkube.operator.status import status_patch
+
+logger = logging.getLogger("rlkube.operator")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Reconciler:
+    """Applies `lifecycle.decide` to the cluster for one job at a time (thread-safe per job)."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        settings: Settings = Settings(),
+        metrics: Metrics | None = None,
+        clock: Callable[[], dt.datetime] = utcnow,
+        progress: Callable[[str | None, int], dict | None] = poll_progress,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.progress = progress
+
+    def reconcile(self, namespace: str, name: str, poll_progress: bool = False) -> Decision | None:
+        """Reconcile once. Returns the decision (None: the job is gone or being deleted).
+
+        Raises `kubeapi.Conflict` when the job changed under the decision (retry at once) and
+        `kubeapi.ApiError` on other API failures (retry with backoff).
+        """
+        started = time.monotonic()
+        action = "error"
+        try:
+            body = self.api.get_job(namespace, name)
+            if body is None:
+                action = "gone"
+                return None
+            job = JobView.from_object(body)
+            if job.deleting:
+                action = "deleting"  # children go by ownerReference garbage collection
+                return None
+            objs = [p for p in self.api.list_pods(namespace, f"{LABEL_JOB}={name}") if owned_by(p, job.ref.uid)]
+            pods = pod_views(objs)
+            report = self._poll(job, pods) if poll_progress else None
+            now = self.clock()
+            decision = decide(job, pods, now, None, report, self.settings)
+            if decision.need_cluster:
+                cluster = cluster_view(self.api.list_nodes(), self.api.list_bound_pods(), job.spec)
+                decision = decide(job, pods, now, cluster, report, self.settings)
+            self.apply(job, decision)
+            action = decision.action
+            return decision
+        finally:
+            self.metrics.observe_reconcile(action, time.monotonic() - started)
+
+    def _poll(self, job: JobView, pods: list) -> dict | None:
+        if job.status.get("phase") != "Running" or job.spec is None:
+            return None
+        rank0 = next((p for p in pods if p.index == 0 and p.attempt == int(job.status.get("attempt") or 0)), None)
+        if rank0 is None or rank0.phase != "Running":
+            return None
+        return self.progress(rank0.pod_ip, render.progress_port(job.spec))
+
+    def apply(self, job: JobView, decision: Decision) -> None:
+        ns, name = job.namespace, job.name
+        assert decision.status is not None
+        patch = status_patch(job.status, decision.status)
+        if patch:
+            self.api.patch_job_status(ns, name, job.resource_version, patch)
+        for pod in decision.delete:
+            self.api.delete_pod(ns, pod)
+        for obj in decision.create:
+            created = self.api.create(obj)
+            if not created and obj["kind"] == "ConfigMap":
+                self._refresh_configmap(obj)
+        for gate in decision.ungate:
+            self.api.remove_gate(ns, gate.name, gate.position, GANG_GATE, gate.attempt)
+        for event in decision.events:
+            self._event(job, event.type, event.reason, event.message)
+        if decision.delete_job:
+            self.api.delete_job(ns, name, job.ref.uid)
+        if decision.action not in ("wait", "observe"):
+            logger.info("%s/%s: %s -> %s (%s)", ns, name, decision.action,
+                        decision.status.get("phase"), ", ".join(f"{e.reason}" for e in decision.events) or "-")
+
+    def _refresh_configmap(self, obj: dict[str, Any]) -> None:
+        """A ConfigMap of that name exists: rewrite run.yaml when the spec changed it."""
+        meta = obj["metadata"]
+        existing = self.api.get("ConfigMap", meta["namespace"], meta["name"])
+        if existing is not None and (existing.get("data") or {}) != obj["data"]:
+            self.api.patch_configmap_data(meta["namespace"], meta["name"], obj["data"])
+
+    def _event(self, job: JobView, type_: str, reason: str, message: str) -> None:
+        involved = {"apiVersion": API_VERSION, "kind": KIND, "name": job.name, "namespace": job.namespace,
+                    "uid": job.ref.uid}
+        try:
+            self.api.post_event(involved, type_, reason, message)
+        except Exception as exc:  # an Event is information, never a reason to redo a decision
+            logger.warning("%s/%s: could not post Event %s: %s", job.namespace, job.name, reason, exc)

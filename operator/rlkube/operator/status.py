@@ -1,0 +1,284 @@
+"""Status summarizing: what `kubectl get/describe rltrainingjob` shows, as a pure function.
+
+`summarize(job, pods, progress, now, lifecycle)` returns the whole `.status` dict (camelCase, the
+shape of `rlkube.operator.api.RLTrainingJobStatus`). The lifecycle decision (`lifecycle.decide`)
+chooses the phase, the attempt and the placement; this module derives what follows from them and
+from the observed pods: conditions in the built-in controllers' shape (lastTransitionTime kept
+while a condition's status does not change), observedGeneration, per-role readiness, the
+placement as status, progress, restarts.
+
+Besides the API's fields the status carries three of the operator's own, kept by the CRD's
+preserve-unknown-fields at the status root, so a restarted operator continues where the last
+one stopped: `attempt` (gang generation: label rlkube.io/attempt, RLKUBE_ATTEMPT),
+`nextAttemptTime` (restart backoff) and `admissionTime` (when the gang was ungated; the gang
+timeout counts from it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlkube.operator.observed import JobView, PodView, format_time
+from rlkube.operator.placement import Placement, PodPlan
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+PROGRESS_FIELDS = ("phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization", "loss", "rewardMean")
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """The lifecycle facts `lifecycle.decide` settles, from which the rest of the status follows."""
+
+    phase: str
+    reason: str                      # CamelCase reason of the phase, e.g. Unschedulable, ExitCode
+    message: str = ""
+    attempt: int = 0
+    restarts: int = 0
+    placement: Placement | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    next_attempt_time: str | None = None
+    admission_time: str | None = None
+
+
+# -- conditions -------------------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+    generation: int,
+) -> list[dict]:
+    """`conditions` with `type_` set; its lastTransitionTime moves only when its status changes."""
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    out: list[dict] = []
+    found = False
+    for cond in conditions:
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        found = True
+        since = cond.get("lastTransitionTime") if cond.get("status") == value else None
+        out.append(_condition(type_, value, reason, message, since or format_time(now), generation))
+    if not found:
+        out.append(_condition(type_, value, reason, message, format_time(now), generation))
+    return out
+
+
+def _condition(type_: str, status: str, reason: str, message: str, since: str, generation: int) -> dict:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }
+
+
+def condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+# -- placement <-> status ---------------------------------------------------------------------
+
+
+def placement_to_status(placement: Placement, names: Sequence[str]) -> dict:
+    """The API's PlacementStatus of a plan; `names` are the pod names by index."""
+    return {
+        "pods": [
+            {
+                "name": names[plan.index],
+                "index": plan.index,
+                "node": plan.node,
+                "ranks": list(plan.ranks),
+                "roles": list(plan.roles),
+            }
+            for plan in placement.pods
+        ],
+        "deviceMap": {role: list(ranks) for role, ranks in placement.device_map.items()},
+        "domains": dict(placement.domains),
+        "fallback": placement.fallback,
+    }
+
+
+def placement_from_status(data: Mapping[str, Any] | None) -> Placement | None:
+    """The plan recorded in status (messages are not recorded), or None."""
+    if not data or not data.get("pods"):
+        return None
+    pods = tuple(
+        PodPlan(index=int(p["index"]), node=str(p["node"]), ranks=tuple(p.get("ranks") or ()), roles=tuple(p.get("roles") or ()))
+        for p in sorted(data["pods"], key=lambda p: int(p["index"]))
+    )
+    return Placement(
+        pods=pods,
+        device_map={k: list(v) for k, v in (data.get("deviceMap") or {}).items()},
+        domains=dict(data.get("domains") or {}),
+        fallback=bool(data.get("fallback")),
+        messages=(),
+    )
+
+
+# -- readiness and progress -------------------------------------------------------------------
+
+
+def role_readiness(
+    device_map: Mapping[str, Sequence[int]], placement: Placement | None, pods: Sequence[PodView], attempt: int
+) -> dict[str, dict]:
+    """Per role: its ranks, the pods holding them, how many of those are Ready."""
+    ready_by_index = {p.index: p.ready for p in pods if p.attempt == attempt and not p.terminating}
+    out = {}
+    for role, ranks in device_map.items():
+        holders = [plan.index for plan in placement.pods if set(plan.ranks) & set(ranks)] if placement else []
+        ready = sum(1 for i in holders if ready_by_index.get(i))
+        out[role] = {
+            "ranks": list(ranks),
+            "pods": len(holders),
+            "readyPods": ready,
+            "ready": bool(holders) and ready == len(holders),
+        }
+    return out
+
+
+def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
+    """status.progress from rank 0's /progress JSON: known numeric fields, negatives dropped."""
+    out: dict[str, Any] = {}
+    for key in PROGRESS_FIELDS:
+        value = report.get(key)
+        if key == "phase":
+            continue  # the trainer's own stage name; the job's phase is the operator's
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            continue  # NaN/inf: not valid JSON numbers for the API server
+        if key in ("step", "totalSteps"):
+            if value < 0:
+                continue
+            value = int(value)
+        elif key not in ("loss", "rewardMean") and value < 0:
+            continue
+        out[key] = value
+    out["updatedAt"] = format_time(now)
+    return out
+
+
+# -- the whole status -------------------------------------------------------------------------
+
+
+def summarize(
+    job: JobView,
+    pods: Sequence[PodView],
+    progress: Mapping[str, Any] | None,
+    now: dt.datetime,
+    lifecycle: Lifecycle,
+    pod_names: Sequence[str] = (),
+) -> dict:
+    """The job's new `.status`, from the lifecycle decision and the observed pods.
+
+    `progress` is a fresh /progress report, or None to keep the last one (it is polled on a
+    timer, not on every reconcile). Conditions: Placed, Ready, Progressing, and Succeeded,
+    Failed, Suspended once they have been true.
+    """
+    old = job.status
+    gen = job.generation
+    spec = job.spec
+    phase, reason, message = lifecycle.phase, lifecycle.reason, lifecycle.message
+    current = [p for p in pods if p.attempt == lifecycle.attempt and not p.terminating]
+    conditions: list[dict] = [dict(c) for c in old.get("conditions") or []]
+
+    def put(type_: str, status: bool, why: str, text: str) -> None:
+        nonlocal conditions
+        conditions = set_condition(conditions, type_, status, why, text, now, gen)
+
+    placement = lifecycle.placement
+    if placement is not None:
+        where = ", ".join(f"{role} in {domain}" for role, domain in placement.domains.items())
+        put("Placed", True, "PlacedWithFallback" if placement.fallback else "Placed", where)
+    else:
+        put("Placed", False, reason, message)
+
+    expected = len(placement.pods) if placement else 0
+    ready = sum(1 for p in current if p.ready)
+    all_ready = phase == "Running" and expected > 0 and ready == expected
+    put("Ready", all_ready, "AllPodsReady" if all_ready else ("PodsNotReady" if phase == "Running" else phase),
+        f"{ready}/{expected} pods ready")
+
+    progressing = phase in ("Scheduling", "Running", "Restarting") or (phase == "Pending" and reason != "Unschedulable")
+    put("Progressing", progressing, reason, message)
+
+    if phase == "Succeeded":
+        put("Succeeded", True, reason, message)
+    if phase == "Failed":
+        put("Failed", True, reason, message)
+    if phase == "Suspended":
+        put("Suspended", True, reason, message)
+    elif condition(old, "Suspended") is not None:
+        put("Suspended", False, "Resumed", "")
+
+    device_map = placement.device_map if placement else (spec.device_map() if spec else {})
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": conditions,
+        "observedGeneration": gen,
+        "restarts": lifecycle.restarts,
+        "attempt": lifecycle.attempt,
+    }
+    if spec is not None:
+        status["gpus"] = spec.total_gpus()
+        status["roles"] = role_readiness(device_map, placement, pods, lifecycle.attempt)
+    if placement is not None:
+        status["placement"] = placement_to_status(placement, pod_names)
+    if progress is not None:
+        status["progress"] = progress_status(progress, now)
+    elif old.get("progress"):
+        status["progress"] = dict(old["progress"])
+    for key, value in (
+        ("startTime", lifecycle.start_time),
+        ("completionTime", lifecycle.completion_time),
+        ("nextAttemptTime", lifecycle.next_attempt_time),
+        ("admissionTime", lifecycle.admission_time),
+    ):
+        if value is not None:
+            status[key] = value
+    return status
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict | None:
+    """A JSON merge patch turning `old` into `new` at the top level (None: nothing to write).
+
+    Keys the operator dropped are set to null; keys it never writes (another controller's) are
+    left alone only if they are absent from `new` AND not operator keys. Nested values are
+    replaced whole, which is what merge patch does for lists and what we want for dicts too,
+    so a nested dict is written as null-then-value only through its own keys.
+    """
+    owned = {
+        "phase", "conditions", "observedGeneration", "restarts", "attempt", "gpus", "roles",
+        "placement", "progress", "startTime", "completionTime", "nextAttemptTime", "admissionTime",
+    }
+    patch: dict[str, Any] = {}
+    for key in owned | set(new):
+        if key in new:
+            if old.get(key) != new[key]:
+                patch[key] = _replace(old.get(key), new[key])
+        elif key in old:
+            patch[key] = None
+    return patch or None
+
+
+def _replace(old: Any, new: Any) -> Any:
+    """A merge-patch value that yields exactly `new` over `old` (dict keys gone become null)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out = {k: _replace(old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        out.update({k: None for k in old if k not in new})
+        return out
+    return new

@@ -1,0 +1,169 @@
+"""`rlkube validate` over the bad-spec corpus and the examples, and the CLI's other verbs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rltj_builders import job
+
+from rlkube.operator import cli, crd
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = sorted((ROOT / "tests" / "data" / "bad").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    code = cli.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def expected_path(path: Path) -> str:
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# expect: "), f"{path.name}: first line must be '# expect: <path>'"
+    return first.removeprefix("# expect: ").strip()
+
+
+def test_bad_corpus_is_large_enough():
+    assert len(BAD) >= 30
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_manifest_is_rejected_with_its_field_path(path, capsys):
+    expect = expected_path(path)
+    code, out, err = run_cli(["validate", str(path)], capsys)
+    assert code == 1
+    assert out == ""
+    lines = err.splitlines()
+    assert lines, "no error printed"
+    prefix = f"{path}: "
+    assert all(line.startswith(prefix) for line in lines), lines
+    error_paths = [line.removeprefix(prefix).split(": ", 1)[0] for line in lines]
+    assert any(expect in error_path for error_path in error_paths), (expect, lines)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_is_accepted(path, capsys):
+    code, out, err = run_cli(["validate", str(path)], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"{path}: ok (")
+
+
+def test_expected_examples_exist():
+    names = {path.name for path in EXAMPLES}
+    assert {
+        "dpo-tiny-cpu.yaml",
+        "grpo-tiny-cpu.yaml",
+        "ppo-tiny-cpu.yaml",
+        "ppo-7b-4gpu.yaml",
+        "dpo-7b-4gpu.yaml",
+        "ppo-multinode.yaml",
+    } <= names
+
+
+def test_many_files_and_documents_report_every_error(tmp_path, capsys):
+    bad = job(name="two-errors")
+    bad["spec"]["training"] = {"steps": 0, "lr": "fast"}
+    multi = tmp_path / "multi.yaml"
+    multi.write_text(yaml.safe_dump_all([job(name="good"), bad, None]))
+    code, out, err = run_cli(["validate", str(multi), str(EXAMPLES[0])], capsys)
+    assert code == 1
+    assert out.splitlines()[0].startswith(f"{multi}[0]: ok (good: dpo, 2 GPUs in 2 pods of 1)")
+    assert f"{EXAMPLES[0]}: ok" in out
+    assert sorted(err.splitlines()) == [
+        f"{multi}[1]: spec.training.lr: must be a finite number, got 'fast'",
+        f"{multi}[1]: spec.training.steps: must be >= 1, got 0",
+    ]
+
+
+def test_unreadable_and_malformed_files(tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec:\n  roles: [\n")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    code, out, err = run_cli(["validate", str(broken), str(empty), str(tmp_path / "missing.yaml")], capsys)
+    assert code == 1 and out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith(f"{broken}: invalid YAML:") and "line 3" in lines[0]
+    assert lines[1] == f"{empty}: no YAML documents found"
+    assert lines[2].startswith(f"{tmp_path / 'missing.yaml'}: cannot read")
+
+
+def test_validate_needs_a_file(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["validate"])
+    assert exc.value.code == 2
+
+
+def test_crd_prints_writes_and_checks(tmp_path, capsys):
+    code, out, _ = run_cli(["crd"], capsys)
+    assert code == 0 and out == crd.crd_yaml()
+    assert run_cli(["crd", "--out", str(tmp_path)], capsys)[0] == 0
+    written = tmp_path / crd.CRD_FILENAME
+    assert written.read_text() == crd.crd_yaml()
+    assert run_cli(["crd", "--check", str(tmp_path)], capsys)[0] == 0
+    written.write_text(crd.crd_yaml().replace("maxItems: 8", "maxItems: 9"))
+    code, _, err = run_cli(["crd", "--check", str(tmp_path)], capsys)
+    assert code == 1 and "run `make crds`" in err
+    diff = err.splitlines()
+    assert any(line.startswith("-") and line.endswith("maxItems: 9") for line in diff), err
+    assert any(line.startswith("+") and line.endswith("maxItems: 8") for line in diff), err
+    assert run_cli(["crd", "--check", str(tmp_path / "nowhere")], capsys)[0] == 1
+
+
+def test_operator_verb_explains_a_missing_entry_point(monkeypatch, capsys):
+    # None in sys.modules makes the import fail as if the module did not exist.
+    monkeypatch.setitem(sys.modules, "rlkube.operator.main", None)
+    code, _, err = run_cli(["operator"], capsys)
+    assert code == 1 and "rlkube.operator.main" in err
+
+
+def test_runtime_verbs_hand_over_to_the_runtime_entry_point(monkeypatch):
+    calls = []
+
+    def fake_execv(path, argv):
+        calls.append((path, argv))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli.os, "execv", fake_execv)
+    for verb in cli.RUNTIME_VERBS:
+        with pytest.raises(SystemExit):
+            cli.main([verb, "/etc/rlkube/run.yaml", "--flag"])
+    assert calls == [
+        (sys.executable, [sys.executable, "-m", "rlkube.runtime", verb, "/etc/rlkube/run.yaml", "--flag"])
+        for verb in cli.RUNTIME_VERBS
+    ]
+
+
+def test_cli_import_loads_neither_kubernetes_nor_the_runtime():
+    code = (
+        "import sys, rlkube.operator.cli; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes', 'torch') "
+        "or m.startswith('rlkube.runtime') or m == 'rlkube.operator.api'); print(bad); sys.exit(bool(bad))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_api_and_crd_import_no_torch():
+    code = (
+        "import sys, rlkube.operator.api, rlkube.operator.crd; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'kopf')); "
+        "print(bad); sys.exit(bool(bad))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_console_script_exit_codes():
+    script = Path(sys.executable).parent / "rlkube"
+    if not script.exists():
+        pytest.skip("console script not installed (make setup installs it)")
+    ok = subprocess.run([str(script), "validate", str(EXAMPLES[0])], capture_output=True, text=True)
+    bad = subprocess.run([str(script), "validate", str(BAD[0])], capture_output=True, text=True)
+    assert (ok.returncode, bad.returncode) == (0, 1), ok.stderr + bad.stderr

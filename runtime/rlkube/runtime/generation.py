@@ -110,6 +110,33 @@ def sample_tokens(
     return (probs / noise).argmax(dim=-1)
 
 
+def padded_causal_mask(attention_mask: torch.Tensor, mode: str, dtype: torch.dtype) -> torch.Tensor | None:
+    """The [B, 1, L, L] mask of padded rows (any mix of left and right padding) for a full
+    forward: causal, real keys only, and every query may see itself, so pad queries stay finite.
+
+    mode: 'sdpa' (bool, True = attend), 'eager' (additive float), or '2d' (returns the 2-D mask
+    itself, for kernels such as flash-attention that take padding masks only).
+    """
+    if mode == "2d":
+        return attention_mask
+    length = attention_mask.shape[1]
+    idx = torch.arange(length, device=attention_mask.device)
+    causal = idx[None, :] <= idx[:, None]
+    allowed = (attention_mask.bool()[:, None, :] & causal[None]) | torch.eye(
+        length, dtype=torch.bool, device=attention_mask.device
+    )[None]
+    allowed = allowed[:, None]
+    if mode == "eager":
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.finfo(dtype).min)
+    return allowed
+
+
+def attention_mode(model) -> str:
+    """How `model` takes a prebuilt mask: 'sdpa' (bool 4-D), 'eager' (float 4-D) or '2d'."""
+    return _attention_mode(model)
+
+
 def _attention_mode(model) -> str:
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl not in ("sdpa", "eager"):
@@ -301,7 +328,7 @@ class _GraphState:
             for _ in range(2):
                 decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
         torch.cuda.current_stream().wait_stream(stream)
-        for counter, value in zip(counters, saved):
+        for counter, value in zip(counters, saved, strict=True):
             counter.copy_(value)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):

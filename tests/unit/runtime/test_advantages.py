@@ -18,7 +18,7 @@ def reference_gae(rewards, values, gamma, lam):
         delta = rewards[t] + gamma * next_v - values[t]
         running = delta + gamma * lam * running
         adv[t] = running
-    return adv, [a + v for a, v in zip(adv, values)]
+    return adv, [a + v for a, v in zip(adv, values, strict=True)]
 
 
 def test_gae_matches_textbook_on_one_unmasked_episode():

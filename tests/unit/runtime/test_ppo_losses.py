@@ -76,7 +76,7 @@ def test_kl_estimators():
     k1 = kl_divergence(logp, ref, "k1")
     k3 = kl_divergence(logp, ref, "k3")
     assert k1.tolist() == pytest.approx([-1.0 + 0.5, -0.2 + 0.9])
-    want_k3 = [math.exp(r - p) - (r - p) - 1 for p, r in zip([-1.0, -0.2], [-0.5, -0.9])]
+    want_k3 = [math.exp(r - p) - (r - p) - 1 for p, r in zip([-1.0, -0.2], [-0.5, -0.9], strict=True)]
     assert k3.tolist() == pytest.approx(want_k3, abs=1e-6)
     assert (k3 >= 0).all()
     with pytest.raises(ValueError, match="klEstimator"):

@@ -2,9 +2,12 @@
 
 Every prompt is a short random pattern of letters (period 2..6, from a 16-letter alphabet)
 repeated; the chosen response continues the pattern exactly where the prompt stopped, the
-rejected response is random letters from the same alphabet. A model can tell them apart only by
-looking back into the prompt (copying at the pattern's period), so preference accuracy above
-chance means the policy really learned something.
+rejected response is random letters of the same alphabet. Letter frequencies over the data are
+the same for both, so no fixed token bias separates them: the model must look back into the
+prompt (are these the prompt's letters, in its order?). A 2-layer model learns that within tens
+of steps, which makes preference accuracy a real learning signal for tests. (With rejected
+drawn from the pattern's own letters only the order would tell them apart; tiny models on a CPU
+budget plateau near 90% on that, so it is not the default.)
 
 Lengths are in characters, which the byte tokenizer maps one-to-one to tokens; with the bos and
 eos tokens a sample's full sequence is `length` tokens:

@@ -1,0 +1,136 @@
+"""`python -m rlkube.runtime VERB`: run / train CONFIG, doctor [--require ...].
+
+`run` (and its alias `train`) reads the runtime config (a RuntimeConfig as camelCase YAML, the
+path as argument or in RLKUBE_CONFIG), validates it before anything starts — a bad config exits
+3 with the field path of every problem — and then launches (launch.py) and trains. `run(config)`
+is the in-process entry point: it dispatches on `config.algorithm` ("dpo" -> trainer.py,
+"ppo"/"grpo" -> rl_trainer.py) and maps outcomes to the exit codes of contracts.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from .config import RuntimeConfig
+from .errors import (
+    EXIT_CONFIG,
+    EXIT_NON_FINITE,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    ConfigError,
+    NonFiniteLoss,
+    Terminated,
+)
+
+
+def field_path(loc: tuple) -> str:
+    """pydantic's error location as a dotted camelCase path, list indices in brackets."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def format_validation_error(err: ValidationError, source: str) -> list[str]:
+    lines = []
+    for e in err.errors():
+        path = field_path(tuple(p for p in e["loc"] if not str(p).startswith("function-")))
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing",) or isinstance(got, dict) else f", got {got!r}"
+        lines.append(f"{source}: {path or '(top level)'}: {msg}{shown}")
+    return lines
+
+
+def load_config(path: str) -> RuntimeConfig:
+    """Read and validate a runtime config; ConfigError with every problem's field path."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a mapping of RuntimeConfig fields")
+    try:
+        return RuntimeConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError("\n".join(format_validation_error(e, path))) from None
+
+
+def run(config: RuntimeConfig, **kwargs):
+    """Train `config` in this process (one rank); the algorithm's result."""
+    if config.algorithm == "dpo":
+        from .trainer import train
+
+        return train(config, **kwargs)
+    try:
+        from . import rl_trainer
+    except ImportError as e:
+        if e.name and e.name.endswith("rl_trainer"):
+            raise ConfigError(
+                f"algorithm: {config.algorithm} needs rlkube.runtime.rl_trainer, which is not part of this build"
+            ) from None
+        raise
+    return rl_trainer.train(config, **kwargs)
+
+
+def run_in_process(config: RuntimeConfig) -> int:
+    """`run(config)` with outcomes mapped to exit codes (a crash propagates: exit 1)."""
+    try:
+        run(config)
+        return EXIT_OK
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except NonFiniteLoss as e:
+        print(f"rlkube: {e}", file=sys.stderr)
+        return EXIT_NON_FINITE
+    except Terminated as e:
+        print(f"rlkube: {e}", file=sys.stderr)
+        return EXIT_TERMINATED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rlkube.runtime", description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="verb")
+    for verb in ("run", "train"):
+        v = verbs.add_parser(verb, help="train with CONFIG (a RuntimeConfig YAML)")
+        v.add_argument("config", nargs="?", default=os.environ.get("RLKUBE_CONFIG"), help="config path")
+    d = verbs.add_parser("doctor", help="print device information; check required capabilities")
+    d.add_argument("--require", default="", help="comma-separated: cuda,nccl,flash_attn")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    if ns.verb == "doctor":
+        from .doctor import main as doctor
+
+        return doctor([c for c in ns.require.split(",") if c])
+    if ns.verb not in ("run", "train"):
+        _parser().print_help(sys.stderr)
+        return 2
+    if not ns.config:
+        print("config error: no config path (argument or RLKUBE_CONFIG)", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config(ns.config)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    from .launch import launch_mode, spawn_workers
+
+    if launch_mode(dict(os.environ)) == "spawn":
+        return spawn_workers(ns.config)
+    return run_in_process(config)

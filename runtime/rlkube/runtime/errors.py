@@ -1,0 +1,32 @@
+"""The runtime's outcomes that are not crashes, and the exit codes the operator acts on.
+
+contracts.md: 0 finished; 3 invalid config (permanent); 4 non-finite loss (permanent); 143
+stopped by SIGTERM after writing a checkpoint; anything else a crash (retriable).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CONFIG = 3
+EXIT_NON_FINITE = 4
+EXIT_TERMINATED = 143
+
+
+class ConfigError(ValueError):
+    """A user mistake in the config or its data; the message starts with the field path."""
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss (or gradient norm) of a step was NaN or infinite; raised before the optimizer step."""
+
+    def __init__(self, step: int, what: str, value: float) -> None:
+        super().__init__(f"step {step}: {what} is {value} (not finite); stopping before the optimizer step")
+        self.step = step
+
+
+class Terminated(Exception):
+    """SIGTERM arrived; a checkpoint of the last completed step was written."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped by SIGTERM after step {step} (checkpoint written)")
+        self.step = step

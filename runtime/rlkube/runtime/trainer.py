@@ -1,0 +1,372 @@
+"""The DPO training loop: wires data, models, batcher, checkpoints and reporting together.
+
+One optimizer step:
+  1. the step's global batch comes from the sampler (a pure function of seed and step);
+  2. the batcher splits it across ranks and into micro-batches (same count on every rank);
+  3. per micro-batch: the reference's log-probs under no_grad, the policy's with grad, the
+     per-pair DPO loss scaled by world_size / global_batch (FSDP averages gradients over ranks,
+     so the update is the mean over the whole global batch whatever the split), backward;
+  4. an out-of-memory error shrinks the batcher's budget and the step is redone from scratch
+     (gradients zeroed), so no step is lost and the update is the same;
+  5. the loss summed over ranks must be finite, else NonFiniteLoss (exit 4) before the
+     optimizer step; gradients are clipped, the optimizer steps;
+  6. metrics (loss, reward margin, accuracy, tokens/s, MFU, GPU memory and utilization) are
+     logged, served on /progress and /metrics, and fed back to the batcher;
+  7. every `checkpoint.everySteps` steps, at the end, and after SIGTERM, a checkpoint.
+
+Exactness of resume: the data order is a function of the step, the RNG is reseeded from
+(seed, step, rank) at every step, and the batcher's state is in the checkpoint, so a resumed run
+computes the same steps as an uninterrupted one.
+
+What it leaves out, on purpose: learning-rate decay (linear warm-up, then constant), and
+OOM recovery with world size > 1 (an OOM inside FSDP collectives cannot be redone on one rank
+alone: the process exits as a crash, the pod restarts, and resumes from the last checkpoint).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
+from .checkpoint import Checkpointer
+from .config import RuntimeConfig
+from .data import PreferenceData, load_preference_data
+from .distributed import (
+    DistContext,
+    all_reduce_max,
+    all_reduce_sum,
+    init_from_env,
+    shutdown,
+    tighten_timeout,
+)
+from .dpo import PairLogps, pair_loss, pair_stats
+from .errors import ConfigError, NonFiniteLoss, Terminated
+from .log import emit, log, setup_logging
+from .logprobs import SequenceLogprobs
+from .metrics import FlopModel, GpuMonitor, peak_flops
+from .models import build_causal_lm, frozen_copy, shard
+from .packing import TokenBatch, pack_pairs, pad_pairs
+from .prefetch import Prefetcher
+from .progress import Progress, ProgressServer
+from .sampler import StepSampler
+from .tokenizer import load_tokenizer
+
+
+@dataclass
+class TrainerHooks:
+    """Test seams: called at fixed points of the loop (production runs leave them unset)."""
+
+    before_micro_batch: Callable[[list[SampleCost]], None] | None = None  # may raise OutOfMemoryError
+    before_checkpoint_commit: Callable[[int], None] | None = None  # may kill the process
+
+
+@dataclass
+class TrainResult:
+    steps_run: int
+    first_step: int  # 1-based number of the first step this run computed
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    batcher_decisions: list[str] = field(default_factory=list)
+
+
+class _SigtermFlag:
+    """Set by SIGTERM; the loop checks it at step boundaries."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._old = None
+
+    def install(self) -> None:
+        try:
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (tests calling train() from a thread)
+            self._old = None
+
+    def _handle(self, signum, frame) -> None:
+        self.set = True
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def sample_costs(data: PreferenceData) -> list[SampleCost]:
+    out = []
+    for i in range(len(data)):
+        c, r = data.seq_lengths(i)
+        out.append(SampleCost(index=i, tokens=c + r, rows=2, longest=max(c, r)))
+    return out
+
+
+def learning_rate(config: RuntimeConfig, step: int) -> float:
+    """Linear warm-up to the peak over warmupSteps, then constant (step is 0-based)."""
+    t = config.training
+    if t.warmup_steps and step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    return t.lr
+
+
+def _progress_bar(step: int, total: int, rec: dict) -> None:
+    width = 30
+    done = int(width * step / total)
+    tps = rec.get("tokensPerSecond") or 0
+    sys.stderr.write(
+        f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {rec['loss']:.4f} "
+        f"acc {rec['accuracy']:.2f} {tps:,.0f} tok/s"
+    )
+    if step == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+class DPOTrainer:
+    """State of one DPO run in one process (one rank)."""
+
+    def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.hooks = hooks or TrainerHooks()
+        t0 = time.perf_counter()
+        torch.manual_seed(config.training.seed)
+        self.tokenizer = load_tokenizer(config.model.tokenizer)
+        self.data = load_preference_data(config.data, self.tokenizer, config.model.tokenizer, config.output_dir)
+        self.costs = sample_costs(self.data)
+        packing = config.data.packing
+        lengths = None if packing or not config.data.length_bucketing else [c.longest for c in self.costs]
+        try:
+            self.sampler = StepSampler(len(self.data), config.batching.global_batch, config.data.seed, lengths)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.batcher = AdaptiveBatcher(config.batching, packed=packing, min_budget=1)
+
+        lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed)
+        vocab = lm.get_input_embeddings().weight.shape[0]
+        if vocab < self.tokenizer.vocab_size:
+            raise ConfigError(
+                f"model.config.vocab_size: {vocab} is smaller than the tokenizer's {self.tokenizer.vocab_size}"
+            )
+        self.flops = FlopModel.of(lm)
+        ref_spec = config.roles.reference.model if config.roles.reference is not None else None
+        if ref_spec is not None:
+            ref_lm, _ = build_causal_lm(ref_spec, ctx.device, seed=config.training.seed)
+            ref_lm.eval().requires_grad_(False)
+        else:
+            ref_lm = frozen_copy(lm)
+        self.policy = shard(SequenceLogprobs(lm), ctx, "actor")
+        self.reference = shard(SequenceLogprobs(ref_lm), ctx, "reference")
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=config.training.lr,
+            weight_decay=config.training.weight_decay,
+            betas=(0.9, 0.95),
+        )
+        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx)
+        self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
+        self.monitor = GpuMonitor(ctx.device)
+        self.peak, self.peak_source = peak_flops(ctx.device)
+        self.start_step = 0
+        meta = self.checkpointer.restore(self.policy, self.optimizer)
+        if meta is not None:
+            self.start_step = int(meta["step"])
+            self.batcher.load_state_dict(meta["trainer"]["batcher"])
+            log.info(
+                "resumed from %s at step %d (written by %d ranks, now %d)",
+                config.checkpoint.dir, self.start_step, meta["worldSize"], ctx.world_size,
+            )
+        self.setup_seconds = time.perf_counter() - t0
+        # the explicit block mask is for sdpa; eager/flex/flash read packed position ids
+        self.explicit_mask = self.attention == "sdpa"
+
+    # -- one micro-batch -----------------------------------------------------------------
+    def collate(self, ids: list[int]) -> TokenBatch:
+        tok = self.tokenizer
+        if self.config.data.packing:
+            return pack_pairs(self.data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask)
+        return pad_pairs(self.data, ids, tok.bos_id, tok.eos_id, tok.pad_id)
+
+    def micro_batch(self, batch: TokenBatch, scale: float) -> dict:
+        cfg = self.config.training
+        with torch.no_grad():
+            ref = self.reference(batch)
+        pol = self.policy(batch)
+        counts = batch.response_tokens
+        logps = PairLogps(pol[0::2], pol[1::2], ref[0::2], ref[1::2], counts[0::2], counts[1::2])
+        losses = pair_loss(logps, cfg.beta, cfg.loss_type)
+        (losses.sum() * scale).backward()
+        s = pair_stats(logps, losses, cfg.beta)
+        return {
+            "pairs": s.pairs, "loss": s.loss_sum, "margin": s.margin_sum, "correct": s.correct,
+            "chosen": s.chosen_reward_sum, "tokens": batch.real_tokens,
+            "scored": int(batch.target_ids.numel()), "seq_lens": batch.seq_lens,
+        }
+
+    def run_step(self, step: int) -> tuple[dict, list[list[SampleCost]]]:
+        """Forward/backward of every micro-batch of `step`, redone after an OOM."""
+        ids = self.sampler.batch(step)
+        step_costs = [self.costs[i] for i in ids]
+        scale = self.ctx.world_size / self.config.batching.global_batch
+        dummy = [step_costs[0]]
+        while True:
+            plan = self.batcher.plan(step_costs, self.ctx.world_size)[self.ctx.rank]
+            totals = {"pairs": 0, "loss": 0.0, "margin": 0.0, "correct": 0, "chosen": 0.0, "tokens": 0,
+                      "scored": 0, "seq_lens": []}
+            failed: list[SampleCost] | None = None
+            items = [(mb or dummy, 0.0 if not mb else scale) for mb in plan]
+            pin = self.ctx.device.type == "cuda"
+            fetch = Prefetcher(lambda it: self.collate([c.index for c in it[0]]), items,
+                               self.config.data.prefetch, pin=pin)
+            try:
+                for k, batch in enumerate(fetch):
+                    mb, weight = items[k]
+                    failed = mb
+                    if self.hooks.before_micro_batch is not None:
+                        self.hooks.before_micro_batch(mb)
+                    sync = getattr(self.policy, "set_requires_gradient_sync", None)
+                    if sync is not None:
+                        sync(k == len(items) - 1)  # reduce-scatter once, after the last micro-batch
+                    out = self.micro_batch(batch.to(self.ctx.device, non_blocking=pin), weight)
+                    if weight:
+                        for key in ("pairs", "loss", "margin", "correct", "chosen", "tokens", "scored"):
+                            totals[key] += out[key]
+                        totals["seq_lens"].extend(out["seq_lens"])
+                return totals, plan
+            except torch.OutOfMemoryError:
+                if self.ctx.world_size > 1 or failed is None or not self.batcher.on_oom(failed):
+                    raise
+                cost = micro_batch_cost(failed, self.batcher.packed)
+                log.warning(
+                    "step %d: out of memory at a micro-batch of %d samples (%d tokens); %s",
+                    step + 1, len(failed), cost, self.batcher.decisions[-1],
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                gc.collect()
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    # -- the loop ------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        cfg, ctx = self.config, self.ctx
+        total = cfg.training.steps
+        progress = Progress(total) if ctx.is_main else None
+        server = None
+        if cfg.progress_port:
+            try:
+                server = ProgressServer(progress, cfg.progress_port)
+            except OSError as e:
+                log.warning("progress server: cannot listen on port %d (%s); not serving", cfg.progress_port, e)
+        sigterm = _SigtermFlag()
+        sigterm.install()
+        tighten_timeout(ctx)
+        result = TrainResult(steps_run=0, first_step=self.start_step + 1)
+        tty = ctx.is_main and sys.stderr.isatty()
+        if ctx.is_main:
+            emit({"event": "start", "attention": self.attention, "worldSize": ctx.world_size,
+                  "startStep": self.start_step, "totalSteps": total, "pairs": len(self.data),
+                  "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
+                  "peakSource": self.peak_source})
+        if progress is not None:
+            progress.update(phase="training", step=self.start_step)
+        try:
+            for step in range(self.start_step, total):
+                rec = self.step(step)
+                result.steps_run += 1
+                result.losses.append(rec["loss"])
+                result.accuracies.append(rec["accuracy"])
+                done = step + 1
+                if progress is not None:
+                    progress.update(
+                        tokens=rec["tokens"], step=done, loss=rec["loss"], tokensPerSecond=rec["tokensPerSecond"],
+                        mfu=rec["mfu"], gpuUtilization=rec["gpuUtilization"], rewardMean=rec["rewardChosen"],
+                        extra={"accuracy": rec["accuracy"], "reward_margin": rec["margin"],
+                               "token_budget": rec["tokenBudget"]},
+                    )
+                if ctx.is_main:
+                    _progress_bar(done, total, rec) if tty else emit(rec)
+                stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0
+                if done % cfg.checkpoint.every_steps == 0 or done == total or stop:
+                    self.save(done)
+                if stop:
+                    raise Terminated(done)
+            if progress is not None:
+                progress.update(phase="succeeded")
+        except NonFiniteLoss:
+            if progress is not None:
+                progress.update(phase="failed")
+            raise
+        finally:
+            sigterm.restore()
+            if server is not None:
+                server.stop()
+        result.batcher_decisions = list(self.batcher.decisions)
+        return result
+
+    def step(self, step: int) -> dict:
+        cfg, ctx = self.config, self.ctx
+        torch.manual_seed((cfg.training.seed * 1_000_003 + step) * 4099 + ctx.rank)
+        lr = learning_rate(cfg, step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.monitor.reset_peak()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        t0 = time.perf_counter()
+        totals, plan = self.run_step(step)
+        sums = all_reduce_sum(ctx, [totals["pairs"], totals["loss"], totals["margin"], totals["correct"],
+                                    totals["chosen"], totals["tokens"]])
+        pairs, loss_sum, margin_sum, correct, chosen_sum, tokens = sums
+        loss = loss_sum / pairs
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(step + 1, "loss", loss)
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.training.max_grad_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if not math.isfinite(norm):
+            raise NonFiniteLoss(step + 1, "gradient norm", norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        seconds = time.perf_counter() - t0
+        flops = all_reduce_sum(ctx, [self.flops.dpo_step_flops(totals["seq_lens"], totals["scored"])])[0]
+        peak_frac = self.monitor.peak_memory_fraction()
+        util = self.monitor.utilization()
+        worst = all_reduce_max(ctx, [peak_frac if peak_frac is not None else -1.0,
+                                     -(util if util is not None else 2.0)])
+        peak_frac = worst[0] if worst[0] >= 0 else None
+        util = -worst[1] if worst[1] > -2.0 else None
+        decision = self.batcher.observe(Measurement(peak_frac, util))
+        if decision and ctx.is_main:
+            log.info("step %d: batcher: %s", step + 1, decision)
+        mfu = flops / seconds / (self.peak * ctx.world_size) if self.peak else None
+        return {
+            "event": "step", "step": step + 1, "loss": loss, "accuracy": correct / pairs,
+            "margin": margin_sum / pairs, "rewardChosen": chosen_sum / pairs, "gradNorm": norm, "lr": lr,
+            "tokens": int(tokens), "seconds": round(seconds, 4), "tokensPerSecond": tokens / seconds,
+            "mfu": mfu, "microBatches": len(plan), "tokenBudget": self.batcher.budget,
+            "peakMemoryFraction": peak_frac, "gpuUtilization": util,
+        }
+
+    def save(self, step: int) -> None:
+        state = {"batcher": self.batcher.state_dict(), "seed": self.config.training.seed}
+        path = self.checkpointer.save(step, self.policy, self.optimizer, state)
+        if self.ctx.is_main:
+            emit({"event": "checkpoint", "step": step, "path": str(path)})
+
+
+def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:
+    """Run DPO training described by `config` in this process (one rank)."""
+    own_ctx = ctx is None
+    ctx = ctx or init_from_env(config.device_map)
+    setup_logging(ctx.rank)
+    try:
+        return DPOTrainer(config, ctx, hooks).train()
+    finally:
+        if own_ctx:
+            shutdown(ctx)

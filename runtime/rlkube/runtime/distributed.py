@@ -104,7 +104,10 @@ def tighten_timeout(ctx: DistContext, timeout: dt.timedelta = TRAIN_TIMEOUT) -> 
         log.warning("distributed: this torch cannot change a process group's timeout; keeping %s", START_TIMEOUT)
         return
     setter(timeout, None)
-    for group in {id(g): g for g in ctx.groups.values() if g is not None}.values():
+    # Only groups this rank belongs to: new_group hands non-members a placeholder that
+    # _set_pg_timeout rejects.
+    mine = {id(g): g for role, g in ctx.groups.items() if g is not None and ctx.rank in ctx.role_ranks.get(role, [])}
+    for group in mine.values():
         setter(timeout, group)
 
 

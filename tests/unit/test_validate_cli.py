@@ -167,3 +167,12 @@ def test_console_script_exit_codes():
     ok = subprocess.run([str(script), "validate", str(EXAMPLES[0])], capture_output=True, text=True)
     bad = subprocess.run([str(script), "validate", str(BAD[0])], capture_output=True, text=True)
     assert (ok.returncode, bad.returncode) == (0, 1), ok.stderr + bad.stderr
+
+
+def test_readme_example_is_valid(tmp_path, capsys):
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    manifest = tmp_path / "readme.yaml"
+    manifest.write_text(block)
+    code, out, err = run_cli(["validate", str(manifest)], capsys)
+    assert (code, err) == (0, ""), err

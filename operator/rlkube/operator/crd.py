@@ -16,6 +16,7 @@ is this module's output, byte for byte (`make crds-check`).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import yaml
@@ -525,6 +526,7 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+@functools.cache
 def crd_yaml() -> str:
     """The CRD as YAML text, exactly as committed in crds/."""
     body = yaml.dump(crd_manifest(), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)

@@ -82,8 +82,8 @@ def split_share(
     """Cut one rank's samples into micro-batches under `budget` tokens and the size bounds.
 
     Packed: first-fit decreasing into bins of `budget` tokens. Padded: samples sorted by length,
-    consecutive runs cut where adding one more would exceed the budget (similar lengths together
-    waste the least padding). A sample over the budget alone still gets a micro-batch; the
+    consecutive runs cut where adding one more would exceed the budget or be padded to more than
+    twice its length (similar lengths together waste the least padding). A sample over the budget alone still gets a micro-batch; the
     lower bound `min_mb` wins over the budget.
     """
     ordered = sorted(share, key=lambda c: (-(c.tokens if packed else c.longest), c.index))
@@ -104,7 +104,8 @@ def split_share(
             if bins:
                 b = bins[-1]
                 fits = micro_batch_cost([*b, c], packed=False) <= budget
-                if len(b) < max_mb and (fits or len(b) < min_mb):
+                similar = 2 * c.longest >= b[0].longest  # at most half of a row is padding
+                if len(b) < max_mb and ((fits and similar) or len(b) < min_mb):
                     b.append(c)
                     continue
             bins.append([c])

@@ -1,0 +1,77 @@
+"""Checkpoint atomicity: only directories with their metadata file count; keep K; round trip."""
+
+import json
+
+import torch
+
+from rlkube.runtime.checkpoint import META, Checkpointer, committed, latest, step_dir
+from rlkube.runtime.distributed import DistContext
+
+
+def fake(root, step, meta=True):
+    d = step_dir(root, step)
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x")
+    if meta:
+        (d / META).write_text(json.dumps({"step": step}))
+    return d
+
+
+def test_only_checkpoints_with_metadata_exist(tmp_path):
+    fake(tmp_path, 10)
+    fake(tmp_path, 20)
+    fake(tmp_path, 30, meta=False)  # killed between rename and metadata
+    (tmp_path / ".tmp-step-000000040-123").mkdir()  # killed while writing shards
+    assert [s for s, _ in committed(tmp_path)] == [10, 20]
+    assert latest(tmp_path)[0] == 20
+    assert latest(tmp_path / "missing") is None
+
+
+def model_and_optimizer(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_save_restore_round_trip_and_keep(tmp_path):
+    ctx = DistContext()
+    ck = Checkpointer(str(tmp_path), keep=2, ctx=ctx)
+    model, opt = model_and_optimizer(0)
+    for step in (1, 2, 3):
+        ck.save(step, model, opt, {"batcher": {"budget": 100 * step}})
+    assert [s for s, _ in committed(tmp_path)] == [2, 3]  # keep=2 pruned step 1
+    other, other_opt = model_and_optimizer(1)
+    meta = Checkpointer(str(tmp_path), keep=2, ctx=ctx).restore(other, other_opt)
+    assert meta["step"] == 3 and meta["trainer"]["batcher"]["budget"] == 300
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+    sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
+    assert all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
+
+
+def test_a_save_killed_before_commit_leaves_the_previous_one_latest(tmp_path):
+    ctx = DistContext()
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx)
+    model, opt = model_and_optimizer(0)
+    ck.save(5, model, opt, {})
+
+    class Killed(Exception):
+        pass
+
+    def die(step):
+        raise Killed
+
+    ck.before_commit = die
+    try:
+        ck.save(10, model, opt, {})
+    except Killed:
+        pass
+    assert latest(tmp_path)[0] == 5
+    assert any(p.name.startswith(".tmp-step-000000010") for p in tmp_path.iterdir())
+    ck.before_commit = None
+    ck.save(15, model, opt, {})  # the next commit removes the dead temp directory
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+    assert [s for s, _ in committed(tmp_path)] == [5, 15]

@@ -1,0 +1,54 @@
+"""A bad runtime config is a ConfigError naming the field path (the CLI exits 3 with it)."""
+
+import pytest
+
+from rlkube.runtime.cli import load_config, main
+from rlkube.runtime.errors import EXIT_CONFIG, ConfigError
+
+GOOD = """
+algorithm: dpo
+model: {config: {model_type: qwen2}}
+roles: {actor: {gpus: 1}, reference: {colocateWith: actor}}
+data: {source: x, format: synthetic}
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_good_config_loads_and_gets_a_device_map(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.device_map == {"actor": [0], "reference": [0]}
+
+
+@pytest.mark.parametrize(
+    "extra, path",
+    [
+        ("batching: {maxMicroBatch: 0}", "batching.maxMicroBatch"),
+        ("training: {lr: -1}", "training.lr"),
+        ("training: {lossType: hinge}", "training.lossType"),
+        ("checkpoint: {evrySteps: 3}", "checkpoint.evrySteps"),
+        ("batching: {minMicroBatch: 8, maxMicroBatch: 2}", "maxMicroBatch"),
+    ],
+)
+def test_errors_name_the_field_path(tmp_path, extra, path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, GOOD + extra + "\n"))
+    assert path in str(e.value)
+    assert str(tmp_path / "run.yaml") in str(e.value)
+
+
+def test_dpo_with_a_reward_role_is_rejected(tmp_path):
+    text = GOOD.replace("reference: {colocateWith: actor}", "reward: {gpus: 1}")
+    with pytest.raises(ConfigError, match="roles.reward"):
+        load_config(write(tmp_path, text))
+
+
+def test_cli_exit_code_3_and_message(tmp_path, capsys):
+    assert main(["run", write(tmp_path, GOOD + "training: {steps: 0}\n")]) == EXIT_CONFIG
+    assert "training.steps" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "nope.yaml")]) == EXIT_CONFIG
+    assert main(["run", write(tmp_path, "- a list\n")]) == EXIT_CONFIG

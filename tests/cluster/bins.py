@@ -3,8 +3,9 @@
 Kubernetes, etcd, helm and kwok are built from wrapper Go modules under `tests/cluster/go/`
 by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
 RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
-bumping a pin in a go.mod is the whole upgrade. etcd is Debian's `etcd-server` when it is
-installed (the apiserver accepts 3.4), else the one built from go.etcd.io/etcd/server/v3.
+bumping a pin in a go.mod is the whole upgrade. etcd is built too: Debian bookworm's
+`etcd-server` is 3.4.23, older than the 3.4.29 that Kubernetes 1.31+ needs for its etcd health
+checks (RLKUBE_ETCD=system uses it anyway, to try).
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def build(*components: str) -> None:
 
 
 def etcd() -> Path:
-    """etcd: Debian's etcd-server if installed, else the pinned build."""
+    """etcd: the pinned build (or the system's with RLKUBE_ETCD=system)."""
     system = shutil.which("etcd")
-    if system and os.environ.get("RLKUBE_ETCD") != "build":
+    if system and os.environ.get("RLKUBE_ETCD") == "system":
         return Path(system)
     return path("etcd")
 

@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     __package__ = "tests.cluster"
 
-from tests.cluster import controlplane, network, procs  # noqa: E402
+from tests.cluster import controlplane, kind, network, procs  # noqa: E402
 from tests.cluster.layout import Layout, default_nodes  # noqa: E402
 
 MODES = ("control-plane", "full")
@@ -41,6 +41,14 @@ def locked(layout: Layout):
 
 def mode_file(layout: Layout) -> Path:
     return layout.state / "mode"
+
+
+def backend(layout: Layout) -> str:
+    """"kind" for a kind cluster, else "native" (the harness's own processes)."""
+    try:
+        return (layout.state / "backend").read_text().strip()
+    except OSError:
+        return "native"
 
 
 def current_mode(layout: Layout) -> str | None:
@@ -71,6 +79,9 @@ def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
     timings: dict[str, float] = {}
     layout.state.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    if kind.available():
+        kind.up(layout, timeout)
+        return {"kind_s": round(time.monotonic() - t0, 1)}
     try:
         controlplane.start(layout, timeout=timeout)
         timings["control_plane_s"] = round(time.monotonic() - t0, 1)
@@ -91,6 +102,9 @@ def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
 def down(layout: Layout, *, keep_logs: Path | None = Path("/tmp/rlkube-cluster-logs")) -> dict[str, object]:
     """Stop everything the cluster started, unmount, remove its network and state. Idempotent."""
     t0 = time.monotonic()
+    if backend(layout) == "kind":
+        kind.down(layout)
+        return {"stopped": 0, "unmounted": 0, "left_running": [], "seconds": round(time.monotonic() - t0, 1)}
     if (layout.state / "nodes").exists():
         from tests.cluster import nodes
 

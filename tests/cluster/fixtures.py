@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from . import bins, images
+from . import bins, images, kind, kwok
 from .api import Client
-from .cluster import current_mode, down, locked, up
+from .cluster import backend, current_mode, down, locked, up
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec, default_nodes
 
@@ -51,12 +51,27 @@ class Cluster:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc.stdout
 
+    def add_kwok_nodes(self, nodes: list[kwok.FakeNode], timeout: float = 120.0) -> list[str]:
+        """Create Ready fake nodes (kwok) with the given labels and GPUs; returns their names.
+
+        They carry the taint `kwok.x-k8s.io/node=fake:NoSchedule` and the label `type=kwok`;
+        `delete_kwok_nodes` removes them all.
+        """
+        kwok.add_nodes(self.layout, nodes, timeout)
+        return [n.name for n in nodes]
+
+    def delete_kwok_nodes(self) -> None:
+        kwok.delete_nodes(self.layout)
+
     def load_image(self, ref: str) -> str:
         """Build `images/<name>` (cached by input hash) and load it into every node; returns the ref."""
         if not self.nodes:
             raise RuntimeError("load_image needs the `cluster` fixture (kubelet nodes), not `control_plane`")
         archive = images.build(images.name_of(ref))
-        images.load(self.layout, self.nodes, archive)
+        if backend(self.layout) == "kind":
+            kind.load_image(str(archive.path))
+        else:
+            images.load(self.layout, self.nodes, archive)
         return archive.ref
 
 

@@ -59,7 +59,7 @@ def name_of(ref_or_name: str) -> str:
     return m.group(1)
 
 
-def _hash_tree(h: "hashlib._Hash", path: Path) -> None:
+def _hash_tree(h: hashlib._Hash, path: Path) -> None:
     if path.is_file():
         h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
         return

@@ -155,6 +155,9 @@ def _kubelet_config(layout: Layout, node: NodeSpec, crt: Path, key: Path) -> dic
         "resolvConf": str(nd / "resolv.conf"),
         "makeIPTablesUtilChains": False,
         "volumePluginDir": str(nd / "volume-plugins"),
+        # Per node: a kubelet's log GC removes pod log folders of pods it does not know, which on a
+        # shared /var/log/pods would be the other node's.
+        "podLogsDir": str(nd / "pod-logs"),
         "serializeImagePulls": False,
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
@@ -172,7 +175,7 @@ def _kubelet_config(layout: Layout, node: NodeSpec, crt: Path, key: Path) -> dic
 
 def prepare(layout: Layout, node: NodeSpec) -> None:
     nd = layout.node_dir(node)
-    for d in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pki", "volume-plugins"):
+    for d in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pki", "volume-plugins", "pod-logs"):
         (nd / d).mkdir(parents=True, exist_ok=True)
     (nd / "containerd.toml").write_text(_containerd_config(layout, node))
     (nd / "cni/net.d/10-rlkube.conflist").write_text(json.dumps(_cni_config(layout, node), indent=2))

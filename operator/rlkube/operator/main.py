@@ -72,7 +72,10 @@ def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Our DEBUG is one line per reconcile; kopf's and urllib3's would be one per API request.
     logging.getLogger("kopf").setLevel(max(logging.INFO, logging.getLevelName(args.log_level.upper())))
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads it too
     api = KubeAPI.from_environment(args.kubeconfig)

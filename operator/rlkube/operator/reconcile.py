@@ -110,6 +110,7 @@ class Reconciler:
             self._event(job, event.type, event.reason, event.message)
         if decision.delete_job:
             self.api.delete_job(ns, name, job.ref.uid)
+        logger.debug("reconciled %s/%s: action=%s phase=%s", ns, name, decision.action, decision.status.get("phase"))
         if decision.action not in ("wait", "observe"):
             logger.info("%s/%s: %s -> %s (%s)", ns, name, decision.action,
                         decision.status.get("phase"), ", ".join(f"{e.reason}" for e in decision.events) or "-")

@@ -1,0 +1,223 @@
+"""Operator benchmark: apply -> all pods created, rlkube vs the built-in Indexed Job controller.
+
+Run: `.venv/bin/python tests/bench/bench_operator.py` (uses the harness's control plane, starting
+it when it is not up: `make cluster-up CLUSTER_MODE=control-plane`). `--markdown` prints the
+table for docs/benchmarks.md.
+
+Both arms, on the same API server in the same run, one after the other, alternating, `--rounds`
+times each (median reported):
+- rlkube: the operator (`python -m rlkube.operator`, namespace-scoped, default settings) is
+  started and ready; then 100 RLTrainingJobs of 8 GPUs (gpusPerPod 1, so 8 pods each) are
+  created. Measured: from the first create request until 800 pods exist (`created`), and until
+  the last pod's scheduling gate is removed (`admitted`: planned on the real node inventory,
+  every pod present, the plan re-checked, gates removed).
+- Indexed Job: 100 batch/v1 Jobs, completionMode Indexed, completions = parallelism = 8, whose
+  pod template is the very pod rlkube renders (same container, env, volumes, GPU request,
+  security context, and the same scheduling gate, so neither arm's pods get bound and the
+  scheduler adds no load to either). Created by kube-controller-manager's Job controller with
+  its default client rate limits (--kube-api-qps 20, burst 30), which is what a user gets.
+Fake nodes: 100 Node objects x 8 GPUs, kept Ready (node Lease renewed) for the inventory.
+Pod counts are read with `limit=1` lists (remainingItemCount), 10 times a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+
+from operator_env import Env, Kubelet, Operator, wait_until  # noqa: E402
+
+from rlkube.operator import render  # noqa: E402
+from rlkube.operator.api import parse_spec  # noqa: E402
+from rlkube.operator.kubeapi import ApiError  # noqa: E402
+from rlkube.operator.observed import JobRef  # noqa: E402
+from rlkube.operator.placement import Placement, PodPlan  # noqa: E402
+from tests.cluster import controlplane  # noqa: E402
+from tests.cluster.cluster import current_mode, down, locked, up  # noqa: E402
+from tests.cluster.layout import Layout  # noqa: E402
+
+SPEC = {
+    "algorithm": "dpo",
+    "model": {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}},
+    "roles": {"actor": {"gpus": 8}, "reference": {"colocateWith": "actor"}},
+    "data": {"source": "synthetic", "format": "synthetic"},
+    "image": "localhost/rlkube/runtime-cpu:dev",
+    "imagePullPolicy": "Never",
+    "placement": {"gpusPerPod": 1},
+}
+
+
+def pod_count(env: Env) -> int:
+    out = env.api.request("GET", f"/api/v1/namespaces/{env.namespace}/pods", query={"limit": 1})
+    items = out.get("items") or []
+    return len(items) + int((out.get("metadata") or {}).get("remainingItemCount") or 0)
+
+
+def gated_count(env: Env) -> int:
+    pods = env.api.request("GET", f"/api/v1/namespaces/{env.namespace}/pods").get("items") or []
+    return sum(1 for p in pods if p["spec"].get("schedulingGates"))
+
+
+def wait_count(env: Env, target: int, timeout: float, t0: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pod_count(env) >= target:
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"only {pod_count(env)}/{target} pods after {timeout:.0f}s")
+
+
+def create_all(env: Env, bodies: list[tuple[str, dict]], workers: int = 8) -> float:
+    """POST every body with a few concurrent clients (as `kubectl apply` of many files would)."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda pb: env.api.request("POST", pb[0], body=pb[1]), bodies))
+    return time.monotonic() - t0
+
+
+def job_template(env: Env) -> dict:
+    """The pod rlkube renders for pod 0 of a job, as a Job pod template."""
+    spec = parse_spec(SPEC)
+    placement = Placement(pods=(PodPlan(0, env.nodes[0], (0,), ("actor", "reference")),),
+                          device_map=spec.device_map(), domains={}, fallback=False, messages=())
+    pod = render.render_pod(JobRef("tmpl", env.namespace, "0"), spec, placement, placement.pods[0], 0)
+    pod_spec = pod["spec"]
+    for key in ("hostname", "subdomain"):
+        pod_spec.pop(key, None)
+    return {"metadata": {"labels": {"app.kubernetes.io/name": "rlkube-bench"}}, "spec": pod_spec}
+
+
+def run_rlkube(env: Env, log_dir: Path, jobs: int) -> dict:
+    operator = Operator(env, log_dir, fast=False)  # the operator's default settings
+    operator.start()
+    try:
+        operator.wait_ready(90)
+        path = f"/apis/rlkube.io/v1alpha1/namespaces/{env.namespace}/rltrainingjobs"
+        bodies = [(path, env.job_body(f"job{i}", SPEC)) for i in range(jobs)]
+        t0 = time.monotonic()
+        submit = create_all(env, bodies)
+        created = wait_count(env, jobs * 8, 600, t0)
+        deadline = time.monotonic() + 600
+        while gated_count(env) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        admitted = time.monotonic() - t0
+        errors = operator.logs().count("reconcile failed")
+        return {"submit_s": round(submit, 2), "created_s": round(created, 2), "admitted_s": round(admitted, 2),
+                "operator_errors": errors}
+    finally:
+        operator.stop()
+
+
+def run_jobs(env: Env, jobs: int) -> dict:
+    template = job_template(env)
+    path = f"/apis/batch/v1/namespaces/{env.namespace}/jobs"
+    bodies = [(path, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"job{i}"},
+                      "spec": {"completionMode": "Indexed", "completions": 8, "parallelism": 8,
+                               "backoffLimit": 3, "template": json.loads(json.dumps(template))}})
+              for i in range(jobs)]
+    t0 = time.monotonic()
+    submit = create_all(env, bodies)
+    created = wait_count(env, jobs * 8, 600, t0)
+    return {"submit_s": round(submit, 2), "created_s": round(created, 2)}
+
+
+def fresh_namespace(base: Env, tag: str) -> Env:
+    env = Env(base.kubeconfig, base.kubectl, prefix=f"bench-{tag}")
+    env.pool, env.nodes = base.pool, base.nodes  # same fake nodes for every arm
+    env.create_namespace()
+    return env
+
+
+def drop_namespace(env: Env) -> None:
+    env.api.request("DELETE", f"/api/v1/namespaces/{env.namespace}")
+
+    def gone() -> bool:
+        try:
+            env.api.request("GET", f"/api/v1/namespaces/{env.namespace}")
+        except ApiError as exc:
+            return exc.status == 404
+        return False
+
+    wait_until(f"namespace {env.namespace} deleted", gone, 600, interval=1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+
+    layout = Layout()
+    started = False
+    with locked(layout):
+        if current_mode(layout) is None or not controlplane.admin_client(layout, 3).healthy():
+            up(layout, "control-plane")
+            started = True
+
+    def kubectl(*a: str, **kw) -> str:
+        import subprocess
+
+        from tests.cluster import bins
+        return subprocess.run([str(bins.kubectl()), f"--kubeconfig={layout.kubeconfig}", *a], check=True,
+                              capture_output=True, text=True).stdout
+
+    base = Env(str(layout.kubeconfig), kubectl, prefix="bench")
+    base.install_crd()
+    for i in range(args.jobs):
+        base.add_node(f"n{i:03d}", gpus=8, labels={"nvidia.com/gpu.clique": f"c{i // 8}"})
+    heart = Kubelet(base, pods=False).start()  # heartbeat only: the nodes stay Ready, no pod is touched
+    log_dir = Path("/tmp/rlkube-bench-operator")
+    results: dict[str, list[dict]] = {"rlkube": [], "indexed-job": []}
+    try:
+        for r in range(args.rounds):
+            for arm in ("rlkube", "indexed-job") if r % 2 == 0 else ("indexed-job", "rlkube"):
+                env = fresh_namespace(base, arm.split("-")[0])
+                try:
+                    out = run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs) if arm == "rlkube" else run_jobs(env, args.jobs)
+                finally:
+                    drop_namespace(env)
+                out.update(case="apply-100x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
+                print(json.dumps(out), flush=True)
+                results[arm].append(out)
+    finally:
+        heart.stop()
+        for name in list(base.nodes):
+            base.delete_node(name)
+        if started:
+            with locked(layout):
+                down(layout)
+
+    ours = statistics.median(r["created_s"] for r in results["rlkube"])
+    peer = statistics.median(r["created_s"] for r in results["indexed-job"])
+    admitted = statistics.median(r["admitted_s"] for r in results["rlkube"])
+    setup = (f"{args.jobs} jobs x 8 pods (1 GPU each) on {args.jobs} fake nodes x 8 GPUs; {args.rounds} rounds, "
+             f"median; Python {platform.python_version()}; shared 2-core machine")
+    print(json.dumps({"case": "summary", "rlkube_created_s": ours, "indexed_job_created_s": peer,
+                      "ratio_peer_over_ours": round(peer / ours, 2), "rlkube_admitted_s": admitted, "setup": setup}))
+    rows = [("apply -> all 800 pods created (s)", ours, peer), ("apply -> all gates removed (s)", admitted, None)]
+    if args.markdown:
+        print("\n| case | rlkube | Indexed Job | ratio (Job / rlkube) |\n|---|---|---|---|")
+        for case, a, b in rows:
+            print(f"| {case} | {a:.2f} | {'-' if b is None else f'{b:.2f}'} | {'-' if b is None else f'{b / a:.2f}'} |")
+        print(f"\nSetup: {setup}.")
+    else:
+        print(f"\n{'case':40} {'rlkube':>8} {'Job':>8} {'ratio':>6}")
+        for case, a, b in rows:
+            print(f"{case:40} {a:8.2f} {'-' if b is None else f'{b:8.2f}'} {'-' if b is None else f'{b / a:6.2f}'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,6 +24,8 @@ be a DNS-1035 label, so the job name starts with a letter.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -600,7 +602,10 @@ class RLTrainingJobStatus(Status):
     )
     placement: PlacementStatus | None = Field(default=None, description="Where the gang's pods run.")
     progress: ProgressStatus | None = Field(default=None, description="Training progress.")
-    restarts: int = Field(default=0, ge=0, description="Gang restarts so far (RLKUBE_ATTEMPT of the running gang).")
+    restarts: int = Field(
+        default=0, ge=0, description="Gang restarts so far after retriable failures (counted against "
+        "runPolicy.backoffLimit)."
+    )
     start_time: datetime | None = Field(default=None, description="When the gang's pods were first created.")
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
 
@@ -850,14 +855,12 @@ def _model_at(root: type[BaseModel] | None, loc: tuple[str | int, ...]) -> type[
 
 def _unwrap(annotation: Any) -> Any:
     """Strip Optional/Annotated; lists and dicts become (container, item type)."""
-    import typing
-
     while True:
         origin = typing.get_origin(annotation)
         args = typing.get_args(annotation)
         if origin is Annotated:
             annotation = args[0]
-        elif origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        elif origin in (typing.Union, types.UnionType):
             rest = [a for a in args if a is not type(None)]
             if len(rest) != 1:
                 return annotation

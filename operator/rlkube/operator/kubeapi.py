@@ -158,6 +158,12 @@ class KubeAPI:
         selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
         return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector}).get("items") or []
 
+    def list_planned_pods(self) -> list[dict]:
+        """rlkube pods of all namespaces not bound yet (gated, or waiting for the scheduler)."""
+        selector = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
+        return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector,
+                                                         "labelSelector": "rlkube.io/job"}).get("items") or []
+
     def list_nodes(self) -> list[dict]:
         return self.request("GET", "/api/v1/nodes").get("items") or []
 

@@ -100,11 +100,24 @@ def backoff_seconds(restarts: int, settings: Settings) -> float:
     return min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** max(0, restarts - 1))
 
 
-def cluster_view(nodes: list[dict], pods: list[dict], spec: Any) -> Cluster:
-    """The job's view of the cluster: inventory of nodes it may use (nodeSelector, tolerations)."""
+def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[dict] = (),
+                 own_uid: str = "") -> Cluster:
+    """The job's view of the cluster: inventory of nodes it may use (nodeSelector, tolerations).
+
+    `pods` are the pods bound to nodes; `planned` are rlkube pods not bound yet. Those of other
+    jobs count as using GPUs on their planned node (like the scheduler's assumed pods): two jobs
+    planned one after the other never get the same free GPUs, and a plan is never admitted onto
+    GPUs another admitted gang is about to bind to. The job's own unbound pods do not count.
+    """
+    from rlkube.operator.observed import owned_by
     from rlkube.operator.placement import inventory_from_objects
 
-    inventory = inventory_from_objects(nodes, pods, tolerations=list(spec.tolerations))
+    reserved = []
+    for pod in planned:
+        node = ((pod.get("metadata") or {}).get("annotations") or {}).get(render.PLANNED_NODE_ANNOTATION)
+        if node and not owned_by(pod, own_uid) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            reserved.append({**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}})
+    inventory = inventory_from_objects(nodes, [*pods, *reserved], tolerations=list(spec.tolerations))
     selector = dict(spec.node_selector or {})
     if selector:
         inventory = [n for n in inventory if all(n.labels.get(k) == v for k, v in selector.items())]

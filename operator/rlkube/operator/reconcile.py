@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,7 @@ class Reconciler:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.progress = progress
+        self._inventory_lock = threading.Lock()
 
     def reconcile(self, namespace: str, name: str, poll_progress: bool = False) -> Decision | None:
         """Reconcile once. Returns the decision (None: the job is gone or being deleted).
@@ -75,10 +77,17 @@ class Reconciler:
             report = self._poll(job, pods) if poll_progress else None
             now = self.clock()
             decision = decide(job, pods, now, None, report, self.settings)
-            if decision.need_cluster:
-                cluster = cluster_view(self.api.list_nodes(), self.api.list_bound_pods(), job.spec)
-                decision = decide(job, pods, now, cluster, report, self.settings)
-            self.apply(job, decision)
+            if not decision.need_cluster:
+                self.apply(job, decision)
+            else:
+                # Planning and admission read the GPU inventory; one job at a time, inventory read
+                # and decision applied under the lock, so the pods one plan creates are seen by
+                # the next plan (see lifecycle.cluster_view).
+                with self._inventory_lock:
+                    cluster = cluster_view(self.api.list_nodes(), self.api.list_bound_pods(), job.spec,
+                                           self.api.list_planned_pods(), job.ref.uid)
+                    decision = decide(job, pods, now, cluster, report, self.settings)
+                    self.apply(job, decision)
             action = decision.action
             return decision
         finally:

@@ -55,6 +55,7 @@ TERMINATION_GRACE_SECONDS = 120
 VOLCANO_SCHEDULER = "volcano"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "rlkube-operator"
+PLANNED_NODE_ANNOTATION = "rlkube.io/planned-node"
 DEFAULT_PROGRESS_PORT: int = RuntimeConfig.model_fields["progress_port"].default
 
 
@@ -376,7 +377,7 @@ def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan:
     annotations = {
         "rlkube.io/ranks": ",".join(map(str, plan.ranks)),
         "rlkube.io/roles": ",".join(plan.roles),
-        "rlkube.io/planned-node": plan.node,
+        PLANNED_NODE_ANNOTATION: plan.node,
     }
     if spec.scheduler_name == VOLCANO_SCHEDULER:
         annotations["scheduling.k8s.io/group-name"] = job.name

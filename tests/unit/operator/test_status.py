@@ -427,3 +427,23 @@ def test_random_histories_keep_the_invariants(actions, backoff_limit):
     writes = w.writes
     w.step(at(t))
     assert w.writes == writes
+
+
+def test_unbound_pods_of_other_jobs_hold_their_planned_gpus():
+    nodes = [node("a", 4), node("b", 4)]
+    first = world(nodes=nodes)
+    first.step(at(0))
+    gated = list(first.pods.values())  # 4 pods of 1 GPU, gated, planned on one node
+    planned_node = gated[0]["metadata"]["annotations"]["rlkube.io/planned-node"]
+    other = job(name="other")
+    other["metadata"]["uid"] = "other-uid"
+    view = JobView.from_object(other)
+    c = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid="other-uid")
+    free = {n.name: n.gpus_free for n in c.inventory}
+    assert free[planned_node] == 0 and sum(free.values()) == 4
+    d = lifecycle.decide(view, [], at(1), c)
+    assert {o["metadata"]["annotations"]["rlkube.io/planned-node"] for o in d.create if o["kind"] == "Pod"} \
+        == {n for n in free if n != planned_node}
+    # a job's own unbound pods do not count against it (its admission check would never pass)
+    own = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid=first.view().ref.uid)
+    assert all(n.gpus_free == 4 for n in own.inventory)

@@ -176,3 +176,19 @@ def test_readme_example_is_valid(tmp_path, capsys):
     manifest.write_text(block)
     code, out, err = run_cli(["validate", str(manifest)], capsys)
     assert (code, err) == (0, ""), err
+
+
+def test_documents_of_other_groups_are_skipped_but_one_job_is_needed(tmp_path, capsys):
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "rl"}}
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(yaml.safe_dump_all([namespace, job(name="good")]))
+    code, out, err = run_cli(["validate", str(mixed)], capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"{mixed}[0]: skipped (Namespace is not an rlkube.io object)",
+        f"{mixed}[1]: ok (good: dpo, 2 GPUs in 2 pods of 1)",
+    ]
+    only_other = tmp_path / "other.yaml"
+    only_other.write_text(yaml.safe_dump(namespace))
+    code, _, err = run_cli(["validate", str(only_other)], capsys)
+    assert code == 1 and "no RLTrainingJob documents found" in err

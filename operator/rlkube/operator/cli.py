@@ -71,12 +71,16 @@ def validate_files(files: Sequence[str], out: TextIO, err: TextIO) -> int:
                 for problem in problems:
                     print(f"{label}: {problem}", file=err)
             else:
-                print(f"{label}: ok ({summary})", file=out)
+                print(f"{label}: {summary}", file=out)
     return 1 if failed else 0
 
 
 def _check_file(name: str) -> Iterator[tuple[str, list[str], str]]:
-    """(label, error lines, summary) for each document of one file."""
+    """(label, error lines, verdict) for each document of one file.
+
+    Documents of other API groups (a Namespace or a PVC next to the job, say) are skipped, but a
+    file must hold at least one rlkube.io document.
+    """
     import yaml
 
     from rlkube.operator import api
@@ -94,8 +98,16 @@ def _check_file(name: str) -> Iterator[tuple[str, list[str], str]]:
     if not documents:
         yield name, ["no YAML documents found"], ""
         return
+    ours = [doc for doc in documents if _is_ours(doc)]
+    if not ours:
+        yield name, [f"no {api.KIND} documents found (apiVersion {api.API_VERSION})"], ""
+        return
     for index, doc in enumerate(documents):
         label = name if len(documents) == 1 else f"{name}[{index}]"
+        if not _is_ours(doc):
+            kind = doc.get("kind", "?") if isinstance(doc, dict) else type(doc).__name__
+            yield label, [], f"skipped ({kind} is not an {api.GROUP} object)"
+            continue
         errors = api.job_errors(doc)
         if errors:
             yield label, [str(error) for error in errors], ""
@@ -104,10 +116,20 @@ def _check_file(name: str) -> Iterator[tuple[str, list[str], str]]:
             spec = job.spec
             pods = spec.pod_count()
             summary = (
-                f"{job.metadata.name}: {spec.algorithm}, {spec.total_gpus()} GPUs in {pods} "
-                f"pod{'s' if pods != 1 else ''} of {spec.placement.gpus_per_pod}"
+                f"ok ({job.metadata.name}: {spec.algorithm}, {spec.total_gpus()} GPUs in {pods} "
+                f"pod{'s' if pods != 1 else ''} of {spec.placement.gpus_per_pod})"
             )
             yield label, [], summary
+
+
+def _is_ours(doc: Any) -> bool:
+    """A document meant as an rlkube object: its apiVersion is in the rlkube.io group (or unset)."""
+    from rlkube.operator import api
+
+    if not isinstance(doc, dict):
+        return True  # not a mapping at all: report it, do not skip it
+    version = doc.get("apiVersion")
+    return not isinstance(version, str) or version.split("/")[0] == api.GROUP
 
 
 def load_documents(text: str) -> list[Any]:

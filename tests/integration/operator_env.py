@@ -297,8 +297,9 @@ class Operator:
     """`python -m rlkube.operator` against the test cluster, scoped to one namespace."""
 
     def __init__(self, env: Env, log_dir: Path, identity: str | None = None, extra: list[str] | None = None,
-                 fast: bool = True) -> None:
+                 fast: bool = True, kubeconfig: str | None = None) -> None:
         self.env = env
+        self.kubeconfig = kubeconfig or env.kubeconfig
         self.fast = fast  # short resync and backoff for tests; False: the operator's defaults
         self.log_dir = log_dir
         self.identity = identity or f"it-{env.namespace}"
@@ -315,7 +316,7 @@ class Operator:
         self.starts += 1
         args = [
             sys.executable, "-m", "rlkube.operator",
-            "--kubeconfig", self.env.kubeconfig, "-n", self.env.namespace,
+            "--kubeconfig", self.kubeconfig, "-n", self.env.namespace,
             "--identity", self.identity, "--lease-namespace", self.env.namespace,
             "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1",
             *(["--resync-seconds", "2", "--backoff-base-seconds", "1", "--backoff-max-seconds", "4",
@@ -359,3 +360,57 @@ class Operator:
 
     def logs(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+def restricted_kubeconfig(env: Env, directory: Path) -> str:
+    """A kubeconfig for a ServiceAccount holding exactly the RBAC rules of `rlkube.operator.rbac`
+    (Role in the test namespace for the watched and operator scopes, ClusterRole for the cluster
+    scope), so the operator under test proves those rules are enough. Returns its path."""
+    from rlkube.operator import rbac
+
+    ns, sa = env.namespace, "rlkube-operator"
+    api = env.api
+    api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+    rbac_path = "/apis/rbac.authorization.k8s.io/v1"
+    rules = rbac.rules_for("watched") + rbac.rules_for("operator")
+    api.request("POST", f"{rbac_path}/namespaces/{ns}/roles",
+                body={"metadata": {"name": sa}, "rules": rules})
+    api.request("POST", f"{rbac_path}/namespaces/{ns}/rolebindings", body={
+        "metadata": {"name": sa}, "subjects": subject,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}})
+    cluster_name = f"{ns}-operator"
+    api.request("POST", f"{rbac_path}/clusterroles",
+                body={"metadata": {"name": cluster_name}, "rules": rbac.cluster_role_rules(clusterwide=False)})
+    api.request("POST", f"{rbac_path}/clusterrolebindings", body={
+        "metadata": {"name": cluster_name}, "subjects": subject,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name}})
+    env.cluster_rbac = cluster_name
+    token = api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+                        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                              "spec": {"expirationSeconds": 3600}})["status"]["token"]
+    import yaml
+
+    cluster = yaml.safe_load(Path(env.kubeconfig).read_text())["clusters"][0]  # JSON is YAML too
+    config = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa, "namespace": ns}}],
+        "current-context": sa,
+    }
+    path = directory / "operator.kubeconfig"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def drop_cluster_rbac(env: Env) -> None:
+    name = getattr(env, "cluster_rbac", None)
+    if not name:
+        return
+    for kind in ("clusterrolebindings", "clusterroles"):
+        try:
+            env.api.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/{kind}/{name}")
+        except ApiError:
+            pass

@@ -51,21 +51,21 @@ RULES: tuple[Rule, ...] = (
         "resourceVersion precondition so a stale decision is never recorded",
     }),
     Rule("", "pods", "watched", {
-        "get": "reading one pod before removing its scheduling gate",
         "list": "the pods of a job (label rlkube.io/job) are listed on every reconcile",
         "watch": "kopf's pod event handler: a pod change triggers its job's reconcile",
         "create": "one pod per planned slot, with deterministic names",
         "delete": "gang restart, re-plan, suspend, deadline and failure tear the attempt down",
-        "patch": "removing the rlkube.io/gang scheduling gate once the whole gang fits",
+        "patch": "removing the rlkube.io/gang scheduling gate once the whole gang fits (JSON patch "
+        "with test ops: only that attempt's pod, only that gate)",
     }),
     Rule("", "services", "watched", {
-        "get": "checking the job's headless Service exists",
-        "create": "the headless Service that gives each pod a DNS name for torch rendezvous",
+        "create": "the headless Service that gives each pod a DNS name for torch rendezvous "
+        "(AlreadyExists counts as done: its name is deterministic)",
     }),
     Rule("", "configmaps", "watched", {
-        "get": "checking the job's runtime config ConfigMap exists and is current",
+        "get": "when the ConfigMap exists already, comparing its run.yaml with the spec's",
         "create": "the ConfigMap holding run.yaml (RuntimeConfig with the device map)",
-        "patch": "rewriting run.yaml when a re-plan changes it",
+        "patch": "rewriting run.yaml when the spec changed it (applied at the next gang start)",
     }),
     Rule("", "events", "watched", {
         "create": "an Event on the job for every decision (placed, admitted, restarted, failed...)",
@@ -74,7 +74,8 @@ RULES: tuple[Rule, ...] = (
         "list": "GPU inventory: allocatable nvidia.com/gpu, readiness, taints and topology labels",
     }),
     Rule("", "pods", "cluster", {
-        "list": "GPU inventory: GPUs already requested by pods bound to each node, in any namespace",
+        "list": "GPU inventory: GPUs requested by pods bound to each node, in any namespace, and "
+        "GPUs reserved by other rlkube jobs' pods not bound yet",
     }),
     Rule("apiextensions.k8s.io", "customresourcedefinitions", "cluster", {
         "list": "kopf's resource scan at startup finds the RLTrainingJob resource",

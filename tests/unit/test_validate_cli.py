@@ -192,3 +192,11 @@ def test_documents_of_other_groups_are_skipped_but_one_job_is_needed(tmp_path, c
     only_other.write_text(yaml.safe_dump(namespace))
     code, _, err = run_cli(["validate", str(only_other)], capsys)
     assert code == 1 and "no RLTrainingJob documents found" in err
+
+
+def test_validate_reads_stdin(monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump(job(name="piped"))))
+    code, out, err = run_cli(["validate", "-"], capsys)
+    assert (code, err) == (0, "") and out.startswith("-: ok (piped: dpo")

@@ -300,6 +300,7 @@ class _Converter:
                 node.pop("default")
             # The field's own description wins over the referenced model's docstring.
             return self.convert({**parts[0], **node}, where=where)
+        # An Optional field's None default means "absent" on the wire: no default in the CRD.
         if node.get("default", ...) is None:
             node.pop("default")
         node.pop("title", None)

@@ -120,6 +120,12 @@ def test_parsing_is_strict_like_the_api_server():
     ]
 
 
+def test_unknown_field_suggests_the_closest_name():
+    (error,) = api.spec_errors(spec(roles=roles(actor={"gpus": 1, "colocatewith": "critic"})))
+    assert error.path == "spec.roles.actor.colocatewith"
+    assert error.message.startswith("unknown field; did you mean 'colocateWith'? (valid fields: gpus,")
+
+
 def test_scientific_notation_reads_as_a_number_as_kubectl_reads_it():
     (doc,) = load_documents("lr: 1e-5\nsteps: 10\nname: e5\n")
     assert doc == {"lr": 1e-5, "steps": 10, "name": "e5"}

@@ -23,6 +23,7 @@ be a DNS-1035 label, so the job name starts with a letter.
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 import typing
@@ -775,8 +776,11 @@ def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
         return "required field is missing"
     if kind == "extra_forbidden":
         names = _field_names(parent)
+        field = str(error["loc"][-1]) if error["loc"] else ""
+        close = difflib.get_close_matches(field, names, n=1, cutoff=0.6)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
         hint = f" (valid fields: {', '.join(names)})" if names else ""
-        return f"unknown field{hint}"
+        return f"unknown field{guess}{hint}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"must be an integer{got}"
     if kind in ("float_type", "float_parsing", "finite_number"):

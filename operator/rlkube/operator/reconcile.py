@@ -14,6 +14,7 @@ inventory, and applies the decision in the order that keeps every crash recovera
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import logging
 import threading
@@ -54,6 +55,7 @@ class Reconciler:
         self.clock = clock
         self.progress = progress
         self._inventory_lock = threading.Lock()
+        self._writers = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="create")
 
     def reconcile(self, namespace: str, name: str, poll_progress: bool = False) -> Decision | None:
         """Reconcile once. Returns the decision (None: the job is gone or being deleted).
@@ -109,10 +111,13 @@ class Reconciler:
             self.api.patch_job_status(ns, name, job.resource_version, patch)
         for pod in decision.delete:
             self.api.delete_pod(ns, pod)
+        pods = [obj for obj in decision.create if obj["kind"] == "Pod"]
         for obj in decision.create:
-            created = self.api.create(obj)
-            if not created and obj["kind"] == "ConfigMap":
-                self._refresh_configmap(obj)
+            if obj["kind"] != "Pod":  # Service and ConfigMap first: pods mount and resolve them
+                if not self.api.create(obj) and obj["kind"] == "ConfigMap":
+                    self._refresh_configmap(obj)
+        # A gang's pods are independent requests: create them concurrently (one round trip).
+        list(self._writers.map(self.api.create, pods))
         for gate in decision.ungate:
             self.api.remove_gate(ns, gate.name, gate.position, GANG_GATE, gate.attempt)
         for event in decision.events:

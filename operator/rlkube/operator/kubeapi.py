@@ -24,6 +24,7 @@ from rlkube.operator.api import GROUP, PLURAL, VERSION
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
 FIELD_MANAGER = "rlkube-operator"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 class ApiError(Exception):
@@ -84,9 +85,10 @@ class KubeAPI:
     # -- transport ----------------------------------------------------------------------------
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
-                content_type: str = "application/json", timeout: float | None = None) -> Any:
+                content_type: str = "application/json", timeout: float | None = None,
+                accept: str = "application/json") -> Any:
         url = self.host + path + (("?" + urlencode(query)) if query else "")
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         token = self._token() if callable(self._token) else self._token
         if token:
             headers["Authorization"] = token if " " in token else f"Bearer {token}"
@@ -159,10 +161,14 @@ class KubeAPI:
         return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector}).get("items") or []
 
     def list_planned_pods(self) -> list[dict]:
-        """rlkube pods of all namespaces not bound yet (gated, or waiting for the scheduler)."""
+        """Metadata of rlkube pods of all namespaces not bound yet (gated, or being scheduled).
+
+        Metadata only (PartialObjectMetadataList): the planned node and GPU count are annotations,
+        and a gang of pods' metadata is a fraction of their full objects.
+        """
         selector = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
-        return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector,
-                                                         "labelSelector": "rlkube.io/job"}).get("items") or []
+        return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector, "labelSelector": "rlkube.io/job"},
+                            accept=METADATA_LIST).get("items") or []
 
     def list_nodes(self) -> list[dict]:
         return self.request("GET", "/api/v1/nodes").get("items") or []

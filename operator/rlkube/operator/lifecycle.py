@@ -113,10 +113,14 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
     from rlkube.operator.placement import inventory_from_objects
 
     reserved = []
-    for pod in planned:
-        node = ((pod.get("metadata") or {}).get("annotations") or {}).get(render.PLANNED_NODE_ANNOTATION)
-        if node and not owned_by(pod, own_uid) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
-            reserved.append({**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}})
+    for pod in planned:  # pod metadata is enough: planned node and GPUs are annotations
+        meta = pod.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        node = notes.get(render.PLANNED_NODE_ANNOTATION)
+        if node and not owned_by(pod, own_uid) and not meta.get("deletionTimestamp"):
+            gpus = notes.get(render.GPUS_ANNOTATION, "0")
+            reserved.append({"metadata": meta, "spec": {"nodeName": node, "containers": [
+                {"name": "trainer", "resources": {"requests": {render.GPU_RESOURCE: gpus}}}]}})
     inventory = inventory_from_objects(nodes, [*pods, *reserved], tolerations=list(spec.tolerations))
     selector = dict(spec.node_selector or {})
     if selector:

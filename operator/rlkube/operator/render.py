@@ -56,6 +56,7 @@ VOLCANO_SCHEDULER = "volcano"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "rlkube-operator"
 PLANNED_NODE_ANNOTATION = "rlkube.io/planned-node"
+GPUS_ANNOTATION = "rlkube.io/gpus"
 DEFAULT_PROGRESS_PORT: int = RuntimeConfig.model_fields["progress_port"].default
 
 
@@ -378,6 +379,8 @@ def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan:
         "rlkube.io/ranks": ",".join(map(str, plan.ranks)),
         "rlkube.io/roles": ",".join(plan.roles),
         PLANNED_NODE_ANNOTATION: plan.node,
+        # With the planned node, what the operator's inventory reads from pod metadata alone.
+        GPUS_ANNOTATION: gpus,
     }
     if spec.scheduler_name == VOLCANO_SCHEDULER:
         annotations["scheduling.k8s.io/group-name"] = job.name

@@ -90,6 +90,14 @@ def _broadcast_str(ctx: DistContext, value: str) -> str:
     return box[0]
 
 
+def _state_dicts(model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
+    """Model and optimizer state; empty on a rank that trains nothing (an RL reward rank), which
+    still takes part in the collective save and load."""
+    if next(model.parameters(), None) is None:
+        return {}, {}
+    return get_state_dict(model, optimizer)
+
+
 class Checkpointer:
     """Saves and restores model + optimizer + trainer state under one directory."""
 
@@ -107,7 +115,7 @@ class Checkpointer:
         if ctx.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
         barrier(ctx)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = _state_dicts(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         barrier(ctx)
         if self.before_commit is not None:
@@ -143,8 +151,9 @@ class Checkpointer:
         if not chosen:
             return None
         path = Path(chosen)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if state["model"]:
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return read_meta(path)

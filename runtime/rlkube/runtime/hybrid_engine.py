@@ -106,6 +106,11 @@ class HybridEngine:
                 torch.cuda.synchronize(device)
         self.offload_seconds += time.perf_counter() - started
         started = time.perf_counter()
+        if self.units:
+            # FSDP2 initialises its root lazily on the root's first forward. Generation calls the
+            # inner HF model, so without this each layer would initialise itself as a root and
+            # the next training forward would fail.
+            self.units[0]._get_fsdp_state()._lazy_init()
         for unit in self.units:
             unit.unshard()
         for unit in self.units:

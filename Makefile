@@ -16,6 +16,7 @@ PYTEST     := $(PY) -m pytest -p no:cacheprovider
 .PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
+.PHONY: runtime-tests
 
 help:
 	@echo "make demo         local cluster + operator (Helm) + tiny DPO job trained on CPU stubs"
@@ -92,7 +93,10 @@ images:
 	for d in images/*/Dockerfile; do n=$$(basename $$(dirname $$d)); \
 	  $(PYTHON_SYS) -c "import sys; sys.path.insert(0, '.'); from tests.cluster import images; print(images.build('$$n'))"; done
 
-test: lint unit crds-check integration e2e
+runtime-tests: setup
+	$(PYTEST) tests/runtime -q
+
+test: lint unit crds-check runtime-tests integration e2e
 
 demo: setup
 	@echo "make demo: the end-to-end demo (cluster + Helm + tiny DPO job) is not built yet; see README"; exit 1

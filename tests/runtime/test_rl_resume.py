@@ -1,0 +1,43 @@
+"""Resume mid-run: a PPO run stopped after step 2 and restarted computes steps 3-4 exactly as an
+uninterrupted run does (actor, critic and both optimizers come from the checkpoint; prompts and
+sampling are functions of (seed, step))."""
+
+import pytest
+import torch
+
+from rlkube.runtime.checkpoint import committed
+from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.rl_trainer import train
+
+from .rl_common import rl_config
+
+pytestmark = pytest.mark.slow
+
+
+def config(tmp, steps):
+    return RuntimeConfig.model_validate(rl_config(
+        tmp, "ppo",
+        roles={"actor": {"gpus": 1}, "critic": {"colocateWith": "actor"},
+               "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"},
+               "reference": {"colocateWith": "actor"}},
+        batching={"globalBatch": 16, "maxMicroBatch": 8},
+        training={"steps": steps, "lr": 3e-3, "seed": 3, "ppoEpochs": 2, "miniBatches": 2, "kl": 0.05},
+        rollout={"maxNewTokens": 8},
+        checkpoint={"dir": str(tmp / "ckpt"), "everySteps": 2, "keep": 2},
+    ))
+
+
+def test_resume_from_mid_run_checkpoint_repeats_the_uninterrupted_steps(tmp_path):
+    torch.set_num_threads(1)
+    whole = train(config(tmp_path / "whole", 4))
+    assert whole.steps_run == 4
+
+    first = train(config(tmp_path / "split", 2))
+    assert [s for s, _ in committed(tmp_path / "split" / "ckpt")] == [2]
+    second = train(config(tmp_path / "split", 4))
+    assert second.first_step == 3 and second.steps_run == 2
+    assert first.reward_means == pytest.approx(whole.reward_means[:2], rel=1e-6)
+    assert second.reward_means == pytest.approx(whole.reward_means[2:], rel=1e-6)
+    assert second.losses == pytest.approx(whole.losses[2:], rel=1e-5, abs=1e-7)
+    critic_losses = [r["value_loss"] for r in second.records]
+    assert critic_losses == pytest.approx([r["value_loss"] for r in whole.records[2:]], rel=1e-5, abs=1e-7)

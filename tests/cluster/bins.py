@@ -3,9 +3,10 @@
 Kubernetes, etcd, helm and kwok are built from wrapper Go modules under `tests/cluster/go/`
 by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
 RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
-bumping a pin in a go.mod is the whole upgrade. etcd is built too: Debian bookworm's
-`etcd-server` is 3.4.23, older than the 3.4.29 that Kubernetes 1.31+ needs for its etcd health
-checks (RLKUBE_ETCD=system uses it anyway, to try).
+bumping a pin in a go.mod is the whole upgrade. etcd is Debian's `etcd-server` (3.4.23) when
+it is installed: the 1.34 apiserver passes /readyz on it and the harness's tests pass, though
+Kubernetes documents 3.4.29+ for 1.31+ (health-check endpoints). RLKUBE_ETCD=build uses etcd
+v3.6 built from go.etcd.io/etcd/server/v3 instead, and it is used when Debian's is absent.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def component_dir(component: str) -> Path:
 def cached(binary: str) -> Path | None:
     """The cached path of `binary` if it was built, else None."""
     path = component_dir(_BINARY_COMPONENT[binary]) / binary
-    return path if os.access(path, os.X_OK) else None
+    # build-bins.sh writes .stamp last: without it the folder is from an older or broken build.
+    return path if os.access(path, os.X_OK) and (path.parent / ".stamp").exists() else None
 
 
 def build(*components: str) -> None:
@@ -69,9 +71,9 @@ def build(*components: str) -> None:
 
 
 def etcd() -> Path:
-    """etcd: the pinned build (or the system's with RLKUBE_ETCD=system)."""
+    """etcd: the system's (Debian etcd-server) if installed, else the pinned build."""
     system = shutil.which("etcd")
-    if system and os.environ.get("RLKUBE_ETCD") == "system":
+    if system and os.environ.get("RLKUBE_ETCD") != "build":
         return Path(system)
     return path("etcd")
 

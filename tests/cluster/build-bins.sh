@@ -10,16 +10,34 @@ export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED="${CGO_ENABLED:-0}"
 # Each component is a wrapper module under go/<component>; its version is the one it requires.
 version_of() { awk -v m="$2" '$1==m || ($1=="require" && $2==m) {print ($1=="require")?$3:$2; exit}' "$HERE/go/$1/go.mod"; }
 
+# Version stamps that Kubernetes' own build (hack/lib/version.sh) sets with -X: without them the
+# binaries report v0.0.0, which breaks version checks (Helm's kubeVersion, kubectl skew).
+k8s_ldflags() {
+  local v="$1" minor; minor="$(echo "$v" | cut -d. -f2)"
+  local p f=""
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    f+=" -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$f"
+}
+
 build() {  # build <component> <module> <binaries...>  (binary = name=package)
   local comp="$1" mod="$2"; shift 2
   local ver; ver="$(version_of "$comp" "$mod")"
+  local ldflags="-s -w"
+  [[ "$comp" != kubernetes ]] || ldflags+="$(k8s_ldflags "$ver")"
   local out="$CACHE/$comp-$ver" names=() pkgs=() b
   for b in "$@"; do names+=("${b%%=*}"); pkgs+=("${b#*=}"); done
+  # The stamp names what was built and how; a change of flags or binaries means a rebuild.
+  local stamp; stamp="$(echo "$ldflags ${pkgs[*]}" | sha256sum | cut -c1-16)"
   local missing=0; for b in "${names[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
+  [[ "$(cat "$out/.stamp" 2>/dev/null)" == "$stamp" ]] || missing=1
   if [[ $missing == 0 ]]; then echo "[$comp] $ver cached in $out"; return; fi
   echo "[$comp] building $ver -> $out"; local t0=$SECONDS
   mkdir -p "$out.tmp"
-  (cd "$HERE/go/$comp" && go build -trimpath -ldflags='-s -w' -o "$out.tmp/" "${pkgs[@]}")
+  (cd "$HERE/go/$comp" && go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "${pkgs[@]}")
+  echo "$stamp" > "$out.tmp/.stamp"
   rm -rf "$out"; mv "$out.tmp" "$out"
   echo "[$comp] built in $((SECONDS - t0)) s"
 }

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import os
 import shutil
 import sys
 import time
@@ -58,12 +59,18 @@ def current_mode(layout: Layout) -> str | None:
         return None
 
 
+def all_alive(layout: Layout) -> bool:
+    """Every process the cluster started is still running (a crashed kubelet means: restart)."""
+    pidfiles = list((layout.state / "pids").glob("*.pid")) if (layout.state / "pids").exists() else []
+    return all(procs.running(layout.state, p.stem) for p in pidfiles)
+
+
 def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
     """Start the cluster in `mode`; returns the seconds each stage took."""
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {MODES}, got {mode!r}")
     have = current_mode(layout)
-    healthy = have is not None and controlplane.admin_client(layout, timeout=3).healthy()
+    healthy = have is not None and all_alive(layout) and controlplane.admin_client(layout, timeout=3).healthy()
     if healthy and (have == mode or (have == "full" and mode == "control-plane")):
         return {}
     if healthy and have == "control-plane" and mode == "full":
@@ -92,7 +99,12 @@ def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
             nodes.start(layout, default_nodes(), timeout=timeout)
             timings["nodes_s"] = round(time.monotonic() - t1, 1)
     except BaseException:
-        print(f"cluster-up failed; logs are in {layout.state / 'logs'}", file=sys.stderr)
+        # Leave nothing half-started behind (RLKUBE_KEEP_CLUSTER=1 keeps it, to poke at).
+        if os.environ.get("RLKUBE_KEEP_CLUSTER") == "1":
+            print(f"cluster-up failed; kept as is, logs in {layout.state / 'logs'}", file=sys.stderr)
+        else:
+            down(layout)
+            print("cluster-up failed; stopped what had started, logs in /tmp/rlkube-cluster-logs", file=sys.stderr)
         raise
     mode_file(layout).write_text(mode + "\n")
     timings["total_s"] = round(time.monotonic() - t0, 1)

@@ -7,10 +7,11 @@ cluster is disposable and fsync on a shared 2-core disk is the slowest thing it 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
-from . import bins, kubeconfig, pki, procs
+from . import bins, host, kubeconfig, pki, procs
 from .api import Client, wait_for
 from .layout import Layout
 
@@ -155,6 +156,7 @@ def _check_alive(layout: Layout, *names: str) -> None:
 
 def start(layout: Layout, timeout: float = 180.0) -> None:
     """Start the whole control plane and wait until it serves (bounded by `timeout` per stage)."""
+    host.ensure({"openssl": "openssl"} if os.environ.get("RLKUBE_ETCD") == "build" else host.CONTROL_PLANE)
     make_credentials(layout)
     start_etcd(layout)
     start_apiserver(layout)

@@ -19,7 +19,7 @@ import pytest
 
 from . import bins, images, kind, kwok
 from .api import Client
-from .cluster import backend, current_mode, down, locked, up
+from .cluster import backend, down, locked, up
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec, default_nodes
 
@@ -95,18 +95,15 @@ def _session_cluster(mode: str):
         pytest.skip("RLKUBE_SKIP_CLUSTER=1: tests needing a real cluster are skipped on purpose")
     layout = Layout()
     with locked(layout):
-        have = current_mode(layout)
-        started = False
-        if have is None or not admin_client(layout, 3).healthy() or (mode == "full" and have != "full"):
-            try:
-                up(layout, mode)
-            except Exception as err:
-                raise RuntimeError(
-                    f"the test cluster ({mode}) could not start: {err}\n"
-                    f"logs: {layout.state / 'logs'} (or /tmp/rlkube-cluster-logs after cleanup); "
-                    "set RLKUBE_SKIP_CLUSTER=1 to skip cluster tests on purpose"
-                ) from err
-            started = True
+        try:
+            # up() returns no timings when a matching cluster was already up: then it is not ours.
+            started = bool(up(layout, mode))
+        except Exception as err:
+            raise RuntimeError(
+                f"the test cluster ({mode}) could not start: {err}\n"
+                "logs: /tmp/rlkube-cluster-logs (or /tmp/rlkube-cluster/logs with RLKUBE_KEEP_CLUSTER=1); "
+                "set RLKUBE_SKIP_CLUSTER=1 to skip cluster tests on purpose"
+            ) from err
         _users(layout).mkdir(parents=True, exist_ok=True)
         (_users(layout) / str(os.getpid())).touch()
     try:

@@ -190,9 +190,11 @@ def load(layout, nodes, image: ImageArchive) -> None:
     from .nodes import ctr  # local: nodes imports this module
 
     for node in nodes:
-        marker = layout.node_dir(node) / "images" / f"{name_of(image.ref)}.hash"
+        # Next to the node's persistent containerd root: both survive cluster-down together.
+        marker = layout.node_cache(node) / "images" / f"{name_of(image.ref)}.hash"
         if marker.exists() and marker.read_text() == image.input_hash:
-            continue
+            if image.ref in ctr(layout, node, "images", "ls", "-q", check=False).stdout.split():
+                continue
         proc = ctr(layout, node, "images", "import", "--no-unpack=false", str(image.path), check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"loading {image.ref} into {node.name} failed: {proc.stderr.strip()}")

@@ -92,3 +92,9 @@ class Layout:
 
     def node_dir(self, node: NodeSpec) -> Path:
         return self.state / "nodes" / node.name
+
+    def node_cache(self, node: NodeSpec) -> Path:
+        """What a node keeps between clusters: its containerd root (content store, unpacked
+        images), so warm starts do not re-import images. Under ~/.cache/rlkube/nodes/."""
+        root = Path(os.environ.get("RLKUBE_CACHE", Path.home() / ".cache" / "rlkube"))
+        return root / "nodes" / node.name

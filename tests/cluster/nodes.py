@@ -14,41 +14,17 @@ not manage alone when it updates the node status, so the patch stays; `start` ve
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from . import bins, images, kubeconfig, network, pki, procs
+from . import bins, host, images, kubeconfig, network, pki, procs
 from .api import ApiError, wait_for
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
-CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
-DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "buildah", "debootstrap", "iproute2")
 PAUSE_IMAGE = "localhost/rlkube/pause:dev"
-
-
-def ensure_host_packages() -> None:
-    """Install containerd, runc, CNI plugins and buildah from Debian when they are missing."""
-    missing = [b for b in ("containerd", "runc", "buildah", "debootstrap", "ctr") if shutil.which(b) is None]
-    if not missing and cni_bin_dir():
-        return
-    if shutil.which("apt-get") is None:
-        raise RuntimeError(f"missing {missing}; install {' '.join(DEBIAN_PACKAGES)} with the system package manager")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *DEBIAN_PACKAGES],
-                   check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
-
-
-def cni_bin_dir() -> str | None:
-    for d in CNI_BIN_DIRS:
-        if Path(d, "bridge").exists() and Path(d, "host-local").exists():
-            return d
-    return None
 
 
 def socket(layout: Layout, node: NodeSpec) -> Path:
@@ -67,7 +43,7 @@ def _containerd_config(layout: Layout, node: NodeSpec) -> str:
     nd = layout.node_dir(node)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
-root = "{nd}/containerd/root"
+root = "{layout.node_cache(node)}/containerd-root"
 state = "{nd}/containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
@@ -93,7 +69,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
   [{cri}.cni]
-    bin_dir = "{cni_bin_dir()}"
+    bin_dir = "{host.cni_bin_dir()}"
     conf_dir = "{nd}/cni/net.d"
     max_conf_num = 1
 """
@@ -240,7 +216,7 @@ def _start_network_services(layout: Layout) -> None:
 
 def start(layout: Layout, nodes: list[NodeSpec], timeout: float = 240.0) -> None:
     """Start containerd and a kubelet per node; wait until every node is Ready with its GPUs."""
-    ensure_host_packages()
+    host.ensure(host.NODES, cni=True)
     bins.path("kubelet")
     network.bridge_up(layout)
     _start_network_services(layout)

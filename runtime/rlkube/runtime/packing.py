@@ -113,27 +113,68 @@ def _targets(starts: list[int], seqs: list[tuple[list[int], int]]):
 
 
 def pack_pairs(
-    data: PreferenceData, pair_ids: list[int], bos: int, eos: int, explicit_mask: bool = True
+    data: PreferenceData,
+    pair_ids: list[int],
+    bos: int,
+    eos: int,
+    explicit_mask: bool = True,
+    row_tokens: int | None = None,
+    pad: int = 0,
 ) -> TokenBatch:
-    """All sequences of `pair_ids` in one row, position ids restarting per sequence."""
+    """The sequences of `pair_ids` packed end to end, position ids restarting per sequence.
+
+    `row_tokens=None`: one row holding everything (what flash-attn's varlen path wants).
+    Otherwise rows of at most `row_tokens` tokens (first-fit decreasing; a sequence longer than
+    that gets a row of its own), right-padded to the longest row. Bounded rows matter for sdpa,
+    whose masked kernel computes every (query, key) block of a row: a few rows of maxSeqLen cost
+    far less attention than one row of the whole micro-batch.
+    """
     seqs = sequences(data, pair_ids, bos, eos)
     lens = [len(t) for t, _ in seqs]
-    starts = [0]
-    for n in lens[:-1]:
-        starts.append(starts[-1] + n)
-    flat = [tok for t, _ in seqs for tok in t]
-    positions = [p for n in lens for p in range(n)]
-    index, ids, seq_of, counts = _targets(starts, seqs)
+    rows: list[list[int]] = []  # sequence indices per row
+    fill: list[int] = []
+    if row_tokens is None:
+        rows, fill = [list(range(len(seqs)))], [sum(lens)]
+    else:
+        for s in sorted(range(len(seqs)), key=lambda k: (-lens[k], k)):
+            for r in range(len(rows)):
+                if fill[r] + lens[s] <= row_tokens:
+                    rows[r].append(s)
+                    fill[r] += lens[s]
+                    break
+            else:
+                rows.append([s])
+                fill.append(lens[s])
+    width = max(fill)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    starts = [0] * len(seqs)
+    row_lens: list[list[int]] = []
+    for r, members in enumerate(rows):
+        offset = 0
+        for s in members:
+            n = lens[s]
+            ids[r, offset : offset + n] = torch.tensor(seqs[s][0])
+            positions[r, offset : offset + n] = torch.arange(n)
+            starts[s] = r * width + offset
+            offset += n
+        positions[r, offset:] = torch.arange(width - offset)  # padding: a block of its own
+        row_lens.append([lens[s] for s in members] + ([width - offset] if offset < width else []))
+    index, target_ids, seq_of, counts = _targets(starts, seqs)
+    mask = None
+    if explicit_mask and any(len(m) > 1 for m in rows):
+        # right padding after a single sequence needs no mask (causal already hides it)
+        mask = torch.cat([block_causal_mask(rl) for rl in row_lens], dim=0)
     return TokenBatch(
-        input_ids=torch.tensor([flat], dtype=torch.long),
-        position_ids=torch.tensor([positions], dtype=torch.long),
-        attention_mask=block_causal_mask(lens) if explicit_mask else None,
+        input_ids=ids,
+        position_ids=positions,
+        attention_mask=mask,
         target_index=index,
-        target_ids=ids,
+        target_ids=target_ids,
         target_seq=seq_of,
         response_tokens=counts,
         pairs=len(pair_ids),
-        real_tokens=len(flat),
+        real_tokens=sum(lens),
         seq_lens=lens,
         packed=True,
     )

@@ -167,6 +167,7 @@ class DPOTrainer:
             lr=config.training.lr,
             weight_decay=config.training.weight_decay,
             betas=(0.9, 0.95),
+            fused=ctx.device.type == "cuda",  # one kernel for all parameters instead of a loop
         )
         self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx)
         self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
@@ -184,12 +185,16 @@ class DPOTrainer:
         self.setup_seconds = time.perf_counter() - t0
         # the explicit block mask is for sdpa; eager/flex/flash read packed position ids
         self.explicit_mask = self.attention == "sdpa"
+        # sdpa's masked kernel computes whole rows: keep packed rows at maxSeqLen. flash-attn's
+        # varlen path wants one row (it reads sequence boundaries from the position ids).
+        self.row_tokens = config.data.max_seq_len if self.attention in ("sdpa", "eager") else None
 
     # -- one micro-batch -----------------------------------------------------------------
     def collate(self, ids: list[int]) -> TokenBatch:
         tok = self.tokenizer
         if self.config.data.packing:
-            return pack_pairs(self.data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask)
+            return pack_pairs(self.data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
+                              row_tokens=self.row_tokens, pad=tok.pad_id)
         return pad_pairs(self.data, ids, tok.bos_id, tok.eos_id, tok.pad_id)
 
     def micro_batch(self, batch: TokenBatch, scale: float) -> dict:

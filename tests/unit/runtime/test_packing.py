@@ -43,12 +43,20 @@ def one_by_one(lm, data, ids):
     return torch.cat([lm(pad_pairs(data, [i], TOK.bos_id, TOK.eos_id, TOK.pad_id)) for i in ids])
 
 
-@pytest.mark.parametrize("explicit_mask", [True, False], ids=["block-mask", "position-ids"])
-def test_packed_equals_unpacked(lm, explicit_mask):
+@pytest.mark.parametrize(
+    "explicit_mask, row_tokens",
+    [(True, None), (False, None), (True, 40), (False, 40)],
+    ids=["block-mask", "position-ids", "rows-block-mask", "rows-position-ids"],
+)
+def test_packed_equals_unpacked(lm, explicit_mask, row_tokens):
     data = varied_data()
     ids = [0, 1, 2, 3, 4]
     with torch.no_grad():
-        packed = lm(pack_pairs(data, ids, TOK.bos_id, TOK.eos_id, explicit_mask=explicit_mask))
+        batch = pack_pairs(data, ids, TOK.bos_id, TOK.eos_id, explicit_mask=explicit_mask,
+                           row_tokens=row_tokens, pad=TOK.pad_id)
+        if row_tokens:
+            assert batch.input_ids.shape[0] > 1 and batch.input_ids.shape[1] <= 40
+        packed = lm(batch)
         alone = one_by_one(lm, data, ids)
     assert packed.shape == (10,)
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)

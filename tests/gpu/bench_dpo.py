@@ -1,0 +1,293 @@
+"""DPO training speed, side by side in one run: rlkube's trainer vs TRL's DPOTrainer.
+
+One command (on the device machine, after installing the carried wheels):
+    PYTHONPATH=runtime python3 tests/gpu/bench_dpo.py            # Qwen2.5-1.5B shape, both regimes
+    PYTHONPATH=runtime python3 tests/gpu/bench_dpo.py --shape tiny --steps 2 --warmup 1   # CPU smoke
+
+Same for both: a Qwen2.5-1.5B-shaped model from its config (random init: speed does not depend
+on weight values), bf16 parameters, sdpa attention, the same synthetic pairs (same seed, same
+token counts; TRL sees them through a word-level tokenizer "w0".."w255" mapping each byte token
+to one word), the same pairs per optimizer step. Two regimes: fixed lengths (every sequence
+maxSeqLen) and long-tailed lengths (log-normal, median ~300, tail past 2,000, capped at 4,096).
+
+Measured over the timed steps after warm-up: tokens/s of real (non-pad) tokens each trainer
+processed, MFU from the FLOPs the step *needs* (rlkube.runtime.metrics.FlopModel, same formula
+for both) against 989 TFLOP/s (H100/H200 datasheet bf16 dense) and against the ~800 TFLOP/s
+matmul ceiling measured on the lent H200 (BENCHMARKS.md), peak memory, set-up time.
+TRL runs with its defaults (gradient checkpointing on, padding to the batch's longest); rlkube
+with packing and a token budget, no gradient checkpointing (the budget keeps it in memory).
+Prints one JSON object per case, then a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+SHAPES = {
+    # Qwen2.5-1.5B's config.json, minus the weights
+    "qwen1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                     num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                     max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=True),
+    "tiny": dict(model_type="qwen2", vocab_size=259, hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=4096, tie_word_embeddings=True),
+}
+PEAK_DATASHEET = 989e12
+PEAK_MEASURED = 800e12
+
+
+def runtime_config(args, case: dict, out: str):
+    from rlkube.runtime.config import RuntimeConfig
+
+    cuda = torch.cuda.is_available()
+    return RuntimeConfig.model_validate({
+        "algorithm": "dpo",
+        "model": {"config": SHAPES[args.shape], "dtype": "bfloat16" if cuda else "float32", "attention": "auto"},
+        "roles": {"actor": {"gpus": 1}, "reference": {"colocateWith": "actor"}},
+        "data": {"source": "bench", "format": "synthetic", "numSamples": args.global_batch * (args.warmup + args.steps),
+                 "maxSeqLen": case["max_len"], "lengthMix": case["mix"], "seed": args.seed},
+        "batching": {"globalBatch": args.global_batch, "maxTokensPerGpu": args.token_budget, "maxMicroBatch": 4096},
+        "training": {"steps": args.warmup + args.steps, "lr": 1e-6, "seed": args.seed},
+        "checkpoint": {"dir": os.path.join(out, "ckpt"), "everySteps": 10**6},
+        "progressPort": 0,
+        "outputDir": out,
+    })
+
+
+def run_ours(args, case: dict) -> dict:
+    from rlkube.runtime.distributed import init_from_env
+    from rlkube.runtime.trainer import DPOTrainer
+
+    out = tempfile.mkdtemp(prefix="bench-ours-")
+    t0 = time.perf_counter()
+    trainer = DPOTrainer(runtime_config(args, case, out), init_from_env({"actor": [0], "reference": [0]}))
+    setup = time.perf_counter() - t0
+    recs = [trainer.step(s) for s in range(args.warmup + args.steps)]
+    timed = recs[args.warmup:]
+    seconds = sum(r["seconds"] for r in timed)
+    tokens = sum(r["tokens"] for r in timed)
+    mfu = [r["mfu"] for r in timed if r["mfu"] is not None]
+    # MFU of the timed window: needed FLOPs / time (per-step MFUs weighted by their time)
+    window_mfu = sum(m * r["seconds"] for m, r in zip(mfu, timed, strict=False)) / seconds if mfu else None
+    peak = max((r["peakMemoryFraction"] or 0) for r in recs)
+    total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+    res = {
+        "tokens_per_s": tokens / seconds,
+        "mfu_datasheet": window_mfu * trainer.peak / PEAK_DATASHEET if window_mfu else None,
+        "mfu_measured_peak": window_mfu * trainer.peak / PEAK_MEASURED if window_mfu else None,
+        "peak_memory_gib": peak * total / 2**30,
+        "setup_s": setup,
+        "step_s": [r["seconds"] for r in timed],
+        "micro_batches": [r["microBatches"] for r in timed],
+        "attention": trainer.attention,
+        "loss": [r["loss"] for r in recs],
+    }
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return res
+
+
+def pair_flops_per_pair(args, case: dict) -> float:
+    """Mean FLOPs one pair needs (FlopModel over the dataset), for TRL's MFU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlkube.runtime.data import tokenise_pairs
+    from rlkube.runtime.metrics import FlopModel
+    from rlkube.runtime.synthetic import synthetic_pairs
+    from rlkube.runtime.tokenizer import ByteTokenizer
+
+    fields = dict(SHAPES[args.shape])
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    fm = FlopModel.of(lm)
+    n = args.global_batch * (args.warmup + args.steps)
+    pairs = synthetic_pairs(n, case["max_len"], case["mix"], args.seed)
+    data = tokenise_pairs([(p.prompt, p.chosen, p.rejected) for p in pairs], ByteTokenizer(), case["max_len"])
+    total = 0.0
+    for i in range(len(data)):
+        c, r = data.seq_lengths(i)
+        total += fm.dpo_step_flops([c, r], len(data.chosen[i]) + len(data.rejected[i]) + 2)
+    return total / n
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(256)}
+    vocab.update({"<pad>": 256, "<bos>": 257, "</s>": 258})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<bos>")
+
+
+def run_trl(args, case: dict, batch: int) -> dict:
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    from rlkube.runtime.synthetic import synthetic_pairs
+
+    n = args.global_batch * (args.warmup + args.steps)
+    words = lambda text: "".join(f"w{b} " for b in text.encode())  # noqa: E731  (trailing space: TRL appends "</s>")
+    pairs = synthetic_pairs(n, case["max_len"], case["mix"], args.seed)
+    ds = Dataset.from_list([{"prompt": words(p.prompt), "chosen": words(p.chosen), "rejected": words(p.rejected)}
+                            for p in pairs])
+    cuda = torch.cuda.is_available()
+    dtype = torch.bfloat16 if cuda else torch.float32
+    fields = dict(SHAPES[args.shape])
+    t0 = time.perf_counter()
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields),
+                                             dtype=dtype, attn_implementation="sdpa")
+    if cuda:
+        model = model.cuda()
+    ref = copy.deepcopy(model).eval()
+    times: list[float] = []
+    tokens: list[int] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            self.t = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t)
+            tokens.append(counter.tokens)
+
+    class CountingDPOTrainer(DPOTrainer):
+        tokens = 0
+
+        def compute_loss(self, model, inputs, *a, **kw):
+            CountingDPOTrainer.tokens += int(inputs["attention_mask"].sum())
+            return super().compute_loss(model, inputs, *a, **kw)
+
+    counter = CountingDPOTrainer
+    cfg = DPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), per_device_train_batch_size=batch,
+        gradient_accumulation_steps=args.global_batch // batch, max_steps=args.warmup + args.steps,
+        max_length=case["max_len"] + 2, logging_steps=10**6, save_strategy="no", report_to="none",
+        bf16=cuda, seed=args.seed, dataloader_num_workers=0, use_cpu=not cuda,
+    )
+    trainer = CountingDPOTrainer(model=model, ref_model=ref, args=cfg, train_dataset=ds,
+                                 processing_class=word_tokenizer(), callbacks=[Timer()])
+    setup = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    step_tokens = [b - a for a, b in zip([0, *tokens[:-1]], tokens, strict=True)]
+    seconds = sum(times[args.warmup:])
+    res = {
+        "tokens_per_s": sum(step_tokens[args.warmup:]) / seconds,
+        "seconds_timed": seconds,
+        "peak_memory_gib": peak,
+        "setup_s": setup,
+        "step_s": times[args.warmup:],
+        "per_device_batch": batch,
+        "gradient_checkpointing": cfg.gradient_checkpointing,
+    }
+    if cuda:
+        flops = pair_flops_per_pair(args, case) * args.global_batch * args.steps
+        res["mfu_datasheet"] = flops / seconds / PEAK_DATASHEET
+        res["mfu_measured_peak"] = flops / seconds / PEAK_MEASURED
+    del trainer, model, ref
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return res
+
+
+def versions() -> dict:
+    import transformers
+
+    out = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import trl
+
+        out["trl"] = trl.__version__
+    except ImportError:
+        out["trl"] = None
+    out["card"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="qwen1.5b", choices=sorted(SHAPES))
+    p.add_argument("--cases", default="fixed,longTailed")
+    p.add_argument("--global-batch", type=int, default=32, help="pairs per optimizer step")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--fixed-len", type=int, default=1024)
+    p.add_argument("--long-len", type=int, default=4096)
+    p.add_argument("--token-budget", type=int, default=32768)
+    p.add_argument("--trl-batch", type=int, default=8, help="TRL per-device batch (pairs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--json-out", default=None)
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cases = {"fixed": {"mix": "fixed", "max_len": args.fixed_len},
+             "longTailed": {"mix": "longTailed", "max_len": args.long_len}}
+    results = []
+    for name in args.cases.split(","):
+        case = cases[name]
+        row = {"case": name, "setup": {"shape": args.shape, "model": SHAPES[args.shape], "pairs_per_step": args.global_batch,
+               "max_len": case["max_len"], "length_mix": case["mix"], "dtype": "bfloat16", "timed_steps": args.steps,
+               "warmup_steps": args.warmup, "token_budget": args.token_budget, **versions()}}
+        row["ours"] = run_ours(args, case)
+        if not args.skip_trl:
+            batch = args.trl_batch
+            while True:
+                try:
+                    row["trl"] = run_trl(args, case, batch)
+                    break
+                except torch.OutOfMemoryError:
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    if batch == 1:
+                        row["trl"] = {"error": "out of memory at per-device batch 1"}
+                        break
+                    batch //= 2
+                except Exception as e:  # report the peer's failure, keep our numbers
+                    row["trl"] = {"error": repr(e)[:2000]}
+                    break
+            if "tokens_per_s" in row.get("trl", {}):
+                row["ratio"] = row["ours"]["tokens_per_s"] / row["trl"]["tokens_per_s"]
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    print()
+    print(f"{'case':<11} {'ours tok/s':>11} {'TRL tok/s':>10} {'ratio':>6} {'MFU ours':>9} {'MFU TRL':>8} "
+          f"{'mem ours':>9} {'mem TRL':>8}   (MFU vs measured 800 TF / datasheet 989 TF)")
+    for r in results:
+        o, t = r["ours"], r.get("trl", {})
+        f = lambda v, spec="{:.0f}": "-" if v is None else spec.format(v)  # noqa: E731
+        mfu = lambda d: "-" if d.get("mfu_measured_peak") is None else (  # noqa: E731
+            f"{d['mfu_measured_peak']:.0%}/{d['mfu_datasheet']:.0%}")
+        print(f"{r['case']:<11} {f(o['tokens_per_s']):>11} {f(t.get('tokens_per_s')):>10} "
+              f"{f(r.get('ratio'), '{:.2f}x'):>6} {mfu(o):>9} {mfu(t):>8} "
+              f"{f(o['peak_memory_gib'], '{:.1f}G'):>9} {f(t.get('peak_memory_gib'), '{:.1f}G'):>8}")
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

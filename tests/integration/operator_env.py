@@ -104,6 +104,10 @@ class Env:
         self.api.request("POST", "/api/v1/nodes", body=node)
         self.nodes.append(full)
         self.node_heartbeat(full, gpus)
+        # The apiserver taints a new node not-ready until the node lifecycle controller sees it
+        # Ready; drop the taint at once so the tests do not wait for the controller's next pass.
+        self.api.request("PATCH", f"/api/v1/nodes/{full}", body={"spec": {"taints": None}},
+                         content_type="application/merge-patch+json")
         return full
 
     def node_heartbeat(self, name: str, gpus: int | None = None) -> None:

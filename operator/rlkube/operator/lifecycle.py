@@ -349,8 +349,9 @@ class _Decider:
             s.next_attempt_time = None
             s.start_time = None  # activeDeadlineSeconds counts from the resume, as for a Job
             self.event("Normal", "Suspended", "runPolicy.suspend is set: the gang's pods are stopped")
-        return self.finish("Suspended", "Suspended", "runPolicy.suspend is set", action="suspend",
-                           delete=self.deletable())
+        delete = self.deletable()
+        return self.finish("Suspended", "Suspended", "runPolicy.suspend is set",
+                           action="suspend" if delete or self.old_phase != "Suspended" else "wait", delete=delete)
 
     def plan(self) -> Decision:
         s, job, spec = self.s, self.job, self.job.spec
@@ -456,9 +457,11 @@ class _Decider:
 
         stuck = [p for p in current if p.stuck]
         if all(p.phase in ("Running", "Succeeded") for p in current):
-            if self.old_phase != "Running":
+            started = self.old_phase != "Running"
+            if started:
                 self.event("Normal", "Running", f"all {len(current)} pods are running")
-            return self.finish("Running", "Running", f"{len(current)} pods running", action="running")
+            return self.finish("Running", "Running", f"{len(current)} pods running",
+                               action="running" if started else "wait")
         message = f"{sum(p.phase == 'Running' for p in current)}/{len(current)} pods running"
         if stuck:
             message += "; " + ", ".join(f"{p.name}: {p.reason} {p.message}".strip() for p in stuck)

@@ -74,6 +74,7 @@ def run(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Our DEBUG is one line per reconcile; kopf's and urllib3's would be one per API request.
     logging.getLogger("kopf").setLevel(max(logging.INFO, logging.getLevelName(args.log_level.upper())))
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # "Handler ... succeeded" per event
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     if args.kubeconfig:

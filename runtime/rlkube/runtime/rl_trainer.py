@@ -524,12 +524,34 @@ class RLTrainer:
         }
         if self.algorithm == "grpo":
             rec["groupsWithSignal"] = fraction_of_groups_with_signal(scores, self.group_size)
-        for role, res in trained.items():
-            tokens = max(res["tokens"], 1)
-            for k, v in res["metrics"].items():
-                rec[f"{role}_{k}" if role == "critic" and not k.startswith("value") else k] = v / tokens
-        # The actor's metrics live on actor ranks; rank 0 is always an actor rank (actor first).
+        # Loss terms are token-weighted sums on the ranks that trained them (critic metrics live
+        # on critic ranks only); one all-reduce over the job makes them the job-wide means.
+        keys = self._metric_keys()
+        local = []
+        for role, names in keys.items():
+            res = trained.get(role, {"tokens": 0, "metrics": {}})
+            local += [res["metrics"].get(k, 0.0) for k in names] + [float(res["tokens"])]
+        total = all_reduce_sum(ctx, local)
+        at = 0
+        for names in keys.values():
+            tokens = max(total[at + len(names)], 1.0)
+            for i, k in enumerate(names):
+                rec[k] = total[at + i] / tokens
+            at += len(names) + 1
         return rec
+
+    def _metric_keys(self) -> dict[str, list[str]]:
+        """Per-role metric names, known to every rank from the config alone."""
+        t = self.config.training
+        actor = ["policy_loss", "clip_fraction", "approx_kl"]
+        if self.use_reference and not (self.algorithm == "ppo" and t.kl_in_reward):
+            actor.append("kl")
+        if t.entropy_coef > 0:
+            actor.append("entropy")
+        keys = {"actor": actor}
+        if self.algorithm == "ppo":
+            keys["critic"] = ["value_loss", "value_clip_fraction"]
+        return keys
 
     def train(self) -> RLResult:
         cfg, ctx = self.config, self.ctx

@@ -70,12 +70,14 @@ def test_conflict_retries_at_once_and_errors_back_off():
     async def go():
         q = WorkQueue(rec, workers=2)
         q.request(("ns", "a"))
-        await asyncio.sleep(0.1)
-        assert len(rec.calls) == 2  # conflict: decided again on the spot
+        await q.drain()
+        assert len(rec.calls) == 2  # conflict: decided again on the spot, in the same run
         q.request(("ns", "a"))
-        await asyncio.sleep(0.1)
-        assert len(rec.calls) == 3  # the error: retried later, not now
-        await asyncio.sleep(1.2)
+        await q.drain()
+        assert len(rec.calls) == 3  # the error: not retried in the same run...
+        deadline = time.monotonic() + 5
+        while len(rec.calls) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # ...but by the 1 s retry timer
         await q.drain()
         q.close()
 
@@ -90,11 +92,14 @@ def test_requeue_after_wakes_the_job_and_the_earliest_wins():
 
     async def go():
         q = WorkQueue(rec, workers=2)
+        t0 = time.monotonic()
         q.request(("ns", "a"))
         q.request_after(("ns", "a"), 5.0)
-        await asyncio.sleep(0.5)
+        while len(rec.calls) < 2 and time.monotonic() - t0 < 4.0:
+            await asyncio.sleep(0.05)
         await q.drain()
-        assert len(rec.calls) == 2  # woken by the 0.3 s requeue, not the 5 s one
+        assert len(rec.calls) == 2  # woken by the 0.3 s requeue, well before the 5 s one
+        assert time.monotonic() - t0 < 4.0
         q.close()
 
     run(go())

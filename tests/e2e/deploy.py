@@ -1,0 +1,255 @@
+"""rlkube deployed on the test cluster the way a user deploys it: images, Helm, kubectl.
+
+Shared by the e2e tests (tests/e2e/conftest.py) and `make demo` (tests/e2e/demo.py). Everything
+goes through the real tools: the images are built by buildah from images/*/Dockerfile and
+imported into every node's containerd (tests/cluster/images.py), the operator is installed by
+the harness's helm from charts/rlkube, jobs are applied and read with kubectl. Nothing here
+talks to Kubernetes any other way, so what passes here is what a user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster import bins, images
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rlkube"
+EXAMPLES = REPO / "examples"
+
+OPERATOR_NAMESPACE = "rlkube-system"
+RELEASE = "rlkube"
+OPERATOR_IMAGE = "operator"
+RUNTIME_IMAGE = "runtime-cpu"
+# Pod Security Standards labels of the operator's namespace: the chart must run under "restricted".
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
+TERMINAL = ("Succeeded", "Failed")
+
+
+class JobTimeout(AssertionError):
+    """A job did not reach the awaited state in time (the message says where it was)."""
+
+
+# -- images ----------------------------------------------------------------------------------------
+
+
+def build_and_load(cluster, name: str) -> str:
+    """Build images/<name> (cached by input hash) and import it into every node; returns its ref.
+
+    The wheels the image installs are gathered first by images/build_context.py, run with this
+    Python so the image pins the versions of the environment the tests run in.
+    """
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "images" / "build_context.py"), name],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"images/build_context.py {name} failed:\n{proc.stderr[-3000:]}")
+    input_hash = proc.stdout.strip().splitlines()[-1]
+    archive = images.build(name, {"INPUT_HASH": input_hash})
+    images.load(cluster.layout, cluster.nodes, archive)
+    log(f"image {archive.ref} ready on {len(cluster.nodes)} nodes ({time.monotonic() - t0:.0f} s)")
+    return archive.ref
+
+
+# -- helm ------------------------------------------------------------------------------------------
+
+
+def helm(cluster, *args: str, input: str | None = None, check: bool = True,
+         timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the harness's helm against the cluster (`input` is its stdin, e.g. for `--values -`)."""
+    proc = subprocess.run([str(bins.helm()), f"--kubeconfig={cluster.kubeconfig}", *args],
+                          input=input, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def local_values(**extra: Any) -> dict:
+    """Chart values for the harness: the locally built operator image, never pulled."""
+    values = {"image": {"repository": images.ref_for(OPERATOR_IMAGE).rsplit(":", 1)[0], "tag": "dev",
+                        "pullPolicy": "Never"}}  # fmt: skip
+    values.update(extra)
+    return values
+
+
+def ensure_namespace(cluster, name: str, labels: dict[str, str] | None = None) -> None:
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+
+def install(cluster, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE, values: dict | None = None,
+            upgrade: bool = True) -> None:
+    """`helm upgrade --install` the chart into a PSS-restricted namespace and wait for the operator."""
+    ensure_namespace(cluster, namespace, RESTRICTED)
+    verb = ["upgrade", "--install"] if upgrade else ["install"]
+    values = values if values is not None else local_values()
+    helm(cluster, *verb, release, str(CHART), "--namespace", namespace, "--values", "-", "--wait",
+         "--timeout", "240s", input=yaml.safe_dump(values))
+    wait_operator_ready(cluster, release, namespace)
+
+
+def operator_pods(cluster, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE) -> list[dict]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l",
+                          f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator", "-o", "json")
+    return json.loads(out)["items"]
+
+
+def wait_operator_ready(cluster, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE,
+                        timeout: float = 180) -> dict:
+    """The operator's pod once it is Ready (its readiness probe is kopf's liveness endpoint)."""
+    def ready() -> dict | None:
+        for pod in operator_pods(cluster, release, namespace):
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            conds = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+            if conds.get("Ready") == "True":
+                return pod
+        return None
+
+    return wait_until(f"operator pod of release {release} Ready", ready, timeout)
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+
+def job_manifest(name: str, namespace: str, example: str = "dpo-tiny-cpu.yaml", **spec: Any) -> dict:
+    """An example manifest with its name, namespace and some spec sections replaced.
+
+    `spec` keys are the spec's top-level sections (camelCase); a dict value is merged into the
+    example's section, anything else replaces it.
+    """
+    job = yaml.safe_load((EXAMPLES / example).read_text())
+    job["metadata"] = {"name": name, "namespace": namespace}
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(job["spec"].get(key), dict):
+            job["spec"][key] = {**job["spec"][key], **value}
+        else:
+            job["spec"][key] = value
+    return job
+
+
+def apply(cluster, obj: dict) -> str:
+    return cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def get_job(cluster, namespace: str, name: str) -> dict:
+    return json.loads(cluster.kubectl("get", "rltj", name, "-n", namespace, "-o", "json"))
+
+
+def job_pods(cluster, namespace: str, name: str) -> list[dict]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"rlkube.io/job={name}", "-o", "json")
+    return json.loads(out)["items"]
+
+
+def phase(job: dict) -> str:
+    return (job.get("status") or {}).get("phase") or ""
+
+
+def step(job: dict) -> int:
+    return int(((job.get("status") or {}).get("progress") or {}).get("step") or 0)
+
+
+def wait_job(cluster, namespace: str, name: str, until: Callable[[dict], bool], what: str,
+             timeout: float = 300, stop_on_terminal: bool = True) -> dict:
+    """Poll the job until `until(job)` holds; fails early when it ends in a phase `until` rejects."""
+    def check() -> dict | None:
+        job = get_job(cluster, namespace, name)
+        if until(job):
+            return job
+        if stop_on_terminal and phase(job) in TERMINAL:
+            status = job.get("status") or {}
+            raise AssertionError(f"job {namespace}/{name} ended {phase(job)} before {what}: "
+                                 f"conditions={status.get('conditions')}")
+        return None
+
+    return wait_until(f"job {namespace}/{name}: {what}", check, timeout,
+                      describe=lambda: _job_summary(cluster, namespace, name))
+
+
+def wait_phase(cluster, namespace: str, name: str, wanted: str, timeout: float = 300) -> dict:
+    return wait_job(cluster, namespace, name, lambda j: phase(j) == wanted, f"phase {wanted}", timeout,
+                    stop_on_terminal=wanted not in TERMINAL)
+
+
+def events(cluster, namespace: str, name: str) -> list[dict]:
+    """Events whose object is the job, oldest first."""
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.kind=RLTrainingJob,involvedObject.name={name}", "-o", "json")
+    items = json.loads(out)["items"]
+    return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
+def delete_job(cluster, namespace: str, name: str) -> None:
+    cluster.kubectl("delete", "rltj", name, "-n", namespace, "--ignore-not-found", "--wait=true", timeout=180)
+
+
+def _job_summary(cluster, namespace: str, name: str) -> str:
+    try:
+        job = get_job(cluster, namespace, name)
+    except RuntimeError as err:
+        return str(err)
+    status = job.get("status") or {}
+    pods = [(p["metadata"]["name"], p.get("status", {}).get("phase")) for p in job_pods(cluster, namespace, name)]
+    return f"phase={status.get('phase')} step={step(job)} conditions={status.get('conditions')} pods={pods}"
+
+
+# -- waiting and diagnostics -------------------------------------------------------------------------
+
+
+def wait_until(what: str, probe: Callable[[], Any], timeout: float, interval: float = 1.0,
+               describe: Callable[[], str] | None = None) -> Any:
+    """Call `probe` until it returns something truthy (returned); JobTimeout after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            state = f"; last state: {describe()}" if describe else ""
+            raise JobTimeout(f"timed out after {timeout:.0f} s waiting for {what}{state}")
+        time.sleep(interval)
+
+
+def dump(cluster, namespaces: list[str], release: str = RELEASE,
+         operator_namespace: str = OPERATOR_NAMESPACE) -> str:
+    """Operator logs, events, jobs and pods of `namespaces` as text, for a failing test's report."""
+    def run(*args: str) -> str:
+        try:
+            return cluster.kubectl(*args, check=False, timeout=30)
+        except Exception as err:  # a dump must never hide the original failure
+            return f"<kubectl {' '.join(args)}: {err}>"
+
+    selector = f"app.kubernetes.io/instance={release}"
+    parts = [
+        ("operator pods", run("get", "pods", "-n", operator_namespace, "-l", selector, "-o", "wide")),
+        ("operator logs", run("logs", "-n", operator_namespace, "-l", selector, "--tail=300", "--all-containers")),
+        ("operator logs (previous container)",
+         run("logs", "-n", operator_namespace, "-l", selector, "--tail=100", "--previous")),
+    ]
+    for ns in namespaces:
+        parts += [
+            (f"{ns}: rltj", run("get", "rltj", "-n", ns, "-o", "wide")),
+            (f"{ns}: events", run("get", "events", "-n", ns, "--sort-by=.lastTimestamp")),
+            (f"{ns}: rltj yaml", run("get", "rltj", "-n", ns, "-o", "yaml")),
+            (f"{ns}: pods", run("get", "pods", "-n", ns, "-o", "wide", "--show-labels")),
+            (f"{ns}: training pod logs", run("logs", "-n", ns, "-l", "rlkube.io/job", "--tail=40",
+                                               "--all-containers", "--prefix")),
+        ]
+    return "\n".join(f"===== {title} =====\n{text.rstrip()}" for title, text in parts)
+
+
+def log(message: str) -> None:
+    print(f"[rlkube {time.strftime('%H:%M:%S')}] {message}", flush=True)

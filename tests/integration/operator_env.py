@@ -81,9 +81,26 @@ class Env:
     # -- set-up -------------------------------------------------------------------------------
 
     def install_crd(self) -> None:
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                     "crd/rltrainingjobs.rlkube.io")
+        """Create or update the committed CRD (crds/) and wait until it is served."""
+        import yaml
+
+        crd = yaml.safe_load(CRD.read_text())
+        name = crd["metadata"]["name"]
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        try:
+            self.api.request("POST", path, body=crd)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            current = self.api.request("GET", f"{path}/{name}")
+            crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            self.api.request("PUT", f"{path}/{name}", body=crd)
+
+        def established() -> bool:
+            conditions = (self.api.request("GET", f"{path}/{name}").get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        wait_until("the CRD to be established", established, 60)
 
     def create_namespace(self) -> None:
         self.api.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",

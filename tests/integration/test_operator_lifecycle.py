@@ -50,11 +50,18 @@ def env(control_plane, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def report_on_failure(request, env):
+def report_and_clean_up(request, env):
+    """On failure print the operator's log; always delete the test's jobs (their GPUs free up)."""
     failed_before = request.session.testsfailed
+    before = {j["metadata"]["name"] for j in env.api.list_jobs(env.namespace)}
     yield
     if request.session.testsfailed > failed_before:
         print("\n--- operator log (tail) ---\n" + env.operator.tail(150))
+    for job in env.api.list_jobs(env.namespace):
+        if job["metadata"]["name"] not in before:
+            env.delete_job(job["metadata"]["name"])
+    wait_until("the test's pods collected", lambda: not [p for p in env.pods()
+               if p["metadata"]["labels"]["rlkube.io/job"] not in before], 60)
 
 
 def spec(**overrides):
@@ -178,7 +185,8 @@ def test_suspend_deletes_pods_and_resume_replans(env):
 
 
 def test_unschedulable_job_waits_pending_until_gpus_appear(env):
-    env.create_job("big", spec(roles={"actor": {"gpus": 8}, "critic": {"gpus": 2}, "reward": {"gpus": 2},
+    # 20 GPUs in pods of 4, more than the 12 of the three nodes.
+    env.create_job("big", spec(roles={"actor": {"gpus": 16}, "critic": {"gpus": 2}, "reward": {"gpus": 2},
                                       "reference": {"colocateWith": "actor"}},
                                placement={"gpusPerPod": 4, "policy": "required"}))
     st = wait_until("Pending/Unschedulable", lambda: (s := env.status("big")).get("phase") == "Pending" and s, 30,

@@ -150,10 +150,9 @@ def run_trl(args, case: dict, batch: int) -> dict:
     fields = dict(SHAPES[args.shape])
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields),
-                                             dtype=dtype, attn_implementation="sdpa")
-    if cuda:
-        model = model.cuda()
+    with torch.device("cuda" if cuda else "cpu"):  # initialised on the GPU, as ours is
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields),
+                                                 dtype=dtype, attn_implementation="sdpa")
     ref = copy.deepcopy(model).eval()
     times: list[float] = []
     tokens: list[int] = []

@@ -180,8 +180,15 @@ def pack_pairs(
     )
 
 
-def pad_pairs(data: PreferenceData, pair_ids: list[int], bos: int, eos: int, pad: int) -> TokenBatch:
-    """One row per sequence, right-padded to the longest, with a 2-D padding mask."""
+def pad_pairs(
+    data: PreferenceData, pair_ids: list[int], bos: int, eos: int, pad: int, padding_mask: bool = True
+) -> TokenBatch:
+    """One row per sequence, right-padded to the longest, with a 2-D padding mask.
+
+    `padding_mask=False` passes no mask at all: with right padding and causal attention no real
+    token can see a pad (pads come after it), so the mask changes nothing for the tokens that
+    are scored, and without it sdpa keeps its fast causal (flash) kernel instead of a masked one.
+    """
     seqs = sequences(data, pair_ids, bos, eos)
     lens = [len(t) for t, _ in seqs]
     width = max(lens)
@@ -191,7 +198,7 @@ def pad_pairs(data: PreferenceData, pair_ids: list[int], bos: int, eos: int, pad
     return TokenBatch(
         input_ids=torch.tensor(rows, dtype=torch.long),
         position_ids=torch.arange(width).repeat(len(seqs), 1),
-        attention_mask=torch.tensor(mask, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long) if padding_mask else None,
         target_index=index,
         target_ids=ids,
         target_seq=seq_of,

@@ -49,7 +49,7 @@ from .distributed import (
 )
 from .dpo import PairLogps, pair_loss, pair_stats
 from .errors import ConfigError, NonFiniteLoss, Terminated
-from .log import emit, log, setup_logging
+from .log import emit, log, setup_logging, warn_once
 from .logprobs import SequenceLogprobs
 from .metrics import FlopModel, GpuMonitor, peak_flops
 from .models import build_causal_lm, frozen_copy, shard
@@ -145,9 +145,20 @@ class DPOTrainer:
             self.sampler = StepSampler(len(self.data), config.batching.global_batch, config.data.seed, lengths)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.batcher = AdaptiveBatcher(config.batching, packed=packing, min_budget=1)
-
         lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed)
+        # Packed rows need a block mask unless the kernel reads sequence boundaries from position
+        # ids (flash-attn varlen). On CUDA, sdpa with an arbitrary mask leaves its flash kernel for
+        # a masked one (measured on H200: ~4x slower and far more memory on long-tailed data), so
+        # there one sequence a row, rows grouped by length, no mask, beats packing.
+        self.rows_per_sequence = packing and ctx.device.type == "cuda" and self.attention in ("sdpa", "eager")
+        if self.rows_per_sequence:
+            warn_once(
+                "packing",
+                f"data.packing=true with attention {self.attention} on CUDA: packed rows would need a "
+                "block mask, which sends sdpa to a slow masked kernel; using one sequence a row, "
+                "grouped by length, without a mask instead (install flash-attn for true packing)",
+            )
+        self.batcher = AdaptiveBatcher(config.batching, packed=packing and not self.rows_per_sequence, min_budget=1)
         vocab = lm.get_input_embeddings().weight.shape[0]
         if vocab < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -192,10 +203,10 @@ class DPOTrainer:
     # -- one micro-batch -----------------------------------------------------------------
     def collate(self, ids: list[int]) -> TokenBatch:
         tok = self.tokenizer
-        if self.config.data.packing:
+        if self.config.data.packing and not self.rows_per_sequence:
             return pack_pairs(self.data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
                               row_tokens=self.row_tokens, pad=tok.pad_id)
-        return pad_pairs(self.data, ids, tok.bos_id, tok.eos_id, tok.pad_id)
+        return pad_pairs(self.data, ids, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
 
     def micro_batch(self, batch: TokenBatch, scale: float) -> dict:
         cfg = self.config.training

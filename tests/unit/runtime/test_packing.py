@@ -62,10 +62,11 @@ def test_packed_equals_unpacked(lm, explicit_mask, row_tokens):
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
 
 
-def test_padded_batch_equals_unpacked(lm):
+@pytest.mark.parametrize("padding_mask", [True, False], ids=["padding-mask", "right-padding-no-mask"])
+def test_padded_batch_equals_unpacked(lm, padding_mask):
     data = varied_data(seed=3)
     with torch.no_grad():
-        padded = lm(pad_pairs(data, [4, 0, 2], TOK.bos_id, TOK.eos_id, TOK.pad_id))
+        padded = lm(pad_pairs(data, [4, 0, 2], TOK.bos_id, TOK.eos_id, TOK.pad_id, padding_mask=padding_mask))
         alone = one_by_one(lm, data, [4, 0, 2])
     torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-5)
 

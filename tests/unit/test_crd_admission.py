@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from crd_checker import CelError, admit, evaluate
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rltj_builders import job
 from rltj_strategies import mutated_specs
 
@@ -54,6 +55,91 @@ def test_crd_and_pydantic_agree_on_mutated_specs(spec):
     elif not crd_errors:
         # Only what the schema cannot express may pass the CRD.
         assert all("model_type" in error.message for error in pydantic_errors), pydantic_errors
+
+
+ROLE_NAMES = ("actor", "critic", "reward", "reference")
+FUNCTION = "rlkube.runtime.rewards:target_pattern"
+
+
+@st.composite
+def role_layouts(draw: st.DrawFn) -> dict:
+    """Jobs that differ only in the cross-field parts (algorithm, roles, gpusPerPod, elastic).
+
+    A valid layout, then at most one targeted break that adds no GPUs, and a gpusPerPod that
+    usually divides the total: so a broken job usually breaks exactly one rule. Removing any one
+    CEL rule that no other rule implies makes the test below fail (checked by deleting each rule
+    in turn when they were written; the redundant ones give the clearer message for their case).
+    """
+    algorithm = draw(st.sampled_from(["dpo", "ppo", "grpo"]))
+    gpus = st.integers(min_value=0, max_value=3)
+    layout: dict = {"actor": {"gpus": draw(st.integers(min_value=1, max_value=4))}}
+    if algorithm == "ppo":
+        layout["critic"] = draw(st.sampled_from([{"gpus": draw(gpus)}, {"colocateWith": "actor"}]))
+    if algorithm != "dpo":
+        layout["reward"] = draw(st.sampled_from([
+            {"gpus": draw(gpus)},
+            {"gpus": 0, "function": FUNCTION},
+            {"colocateWith": draw(st.sampled_from(sorted(layout)))},
+        ]))
+    if draw(st.booleans()):
+        layout["reference"] = {"colocateWith": draw(st.sampled_from(sorted(layout)))}
+    others = [name for name in ROLE_NAMES if name != "actor"]
+    role = draw(st.sampled_from(others))
+    brk = draw(st.sampled_from([
+        "none", "none", "negative", "actor-zero", "self", "missing-target", "cycle", "actor-colocated",
+        "function-elsewhere", "model-and-function", "empty", "gpus-and-colocate", "drop", "add-critic",
+        "add-reward",
+    ]))
+    if brk == "negative":
+        layout[role] = {"gpus": -1}
+    elif brk == "actor-zero":
+        layout["actor"] = {"gpus": 0}
+    elif brk == "self":
+        layout[role] = {"colocateWith": role}
+    elif brk == "missing-target":
+        absent = [name for name in others if name not in layout and name != role]
+        if absent:
+            layout[role] = {"colocateWith": draw(st.sampled_from(absent))}
+    elif brk == "cycle":
+        first, second = draw(st.permutations(others))[:2]
+        layout[first], layout[second] = {"colocateWith": second}, {"colocateWith": first}
+    elif brk == "actor-colocated":
+        layout["actor"] = {"colocateWith": draw(st.sampled_from(ROLE_NAMES))}
+    elif brk == "function-elsewhere":
+        target = draw(st.sampled_from(["actor", "critic", "reference"]))
+        layout[target] = (
+            {**layout["actor"], "function": FUNCTION}
+            if target == "actor" else {"colocateWith": "actor", "function": FUNCTION}
+        )
+    elif brk == "model-and-function":
+        layout["reward"] = {"colocateWith": "actor", "function": FUNCTION, "model": {"path": "/m"}}
+    elif brk == "empty":
+        layout[role] = {}
+    elif brk == "gpus-and-colocate":
+        layout[role] = {"gpus": 0, "colocateWith": "actor"}
+    elif brk == "drop" and len(layout) > 1:
+        layout.pop(draw(st.sampled_from(sorted(set(layout) - {"actor"}))))
+    elif brk == "add-critic":
+        layout["critic"] = {"colocateWith": "actor"}
+    elif brk == "add-reward":
+        layout["reward"] = {"gpus": 0, "function": FUNCTION}
+    total = sum(r["gpus"] for r in layout.values() if isinstance(r.get("gpus"), int) and r["gpus"] > 0)
+    divisors = [d for d in range(1, 5) if total and total % d == 0] or [1]
+    per_pod = draw(st.sampled_from(divisors) | st.integers(min_value=1, max_value=4))
+    overrides: dict = {"roles": layout, "placement": {"gpusPerPod": per_pod}}
+    if draw(st.booleans()):
+        pods = max(total // per_pod, 1)
+        low = draw(st.integers(min_value=1, max_value=pods + 1))
+        overrides["elastic"] = {"minWorkers": low, "maxWorkers": draw(st.integers(min_value=low - 1, max_value=pods + 1))}
+    return job(algorithm=algorithm, **overrides)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(role_layouts())
+def test_crd_and_pydantic_agree_exactly_on_role_layouts(obj):
+    pydantic_errors = api.job_errors(obj)
+    crd_errors = admit(obj, CRD)
+    assert bool(pydantic_errors) == bool(crd_errors), (pydantic_errors, crd_errors)
 
 
 def test_the_cel_subset_evaluator_is_not_vacuous():

@@ -273,7 +273,9 @@ class DPOTrainer:
         total = cfg.training.steps
         progress = Progress(total) if ctx.is_main else None
         server = None
-        if cfg.progress_port:
+        # one server per pod (pods have their own network namespace): rank 0 serves progress,
+        # the first process of every other pod serves /healthz only
+        if cfg.progress_port and ctx.local_rank == 0:
             try:
                 server = ProgressServer(progress, cfg.progress_port)
             except OSError as e:

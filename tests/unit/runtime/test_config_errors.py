@@ -52,3 +52,11 @@ def test_cli_exit_code_3_and_message(tmp_path, capsys):
     assert "training.steps" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "nope.yaml")]) == EXIT_CONFIG
     assert main(["run", write(tmp_path, "- a list\n")]) == EXIT_CONFIG
+
+
+def test_the_runtime_example_is_valid():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "runtime" / "dpo-tiny-cpu.yaml"
+    cfg = load_config(str(example))
+    assert cfg.algorithm == "dpo" and cfg.data.format == "synthetic"

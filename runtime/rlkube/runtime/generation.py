@@ -115,10 +115,15 @@ def padded_causal_mask(attention_mask: torch.Tensor, mode: str, dtype: torch.dty
     forward: causal, real keys only, and every query may see itself, so pad queries stay finite.
 
     mode: 'sdpa' (bool, True = attend), 'eager' (additive float), or '2d' (returns the 2-D mask
-    itself, for kernels such as flash-attention that take padding masks only).
+    itself, for kernels such as flash-attention that take padding masks only). Returns None
+    when no row has left padding (the model's own causal mask is then exact).
     """
     if mode == "2d":
         return attention_mask
+    if bool(attention_mask[:, 0].all()) and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        # No left padding: plain causal attention already keeps real tokens off the trailing
+        # pads, and without a mask sdpa can take its flash kernel instead of a masked one.
+        return None
     length = attention_mask.shape[1]
     idx = torch.arange(length, device=attention_mask.device)
     causal = idx[None, :] <= idx[:, None]
@@ -228,12 +233,18 @@ class Decoder:
         key_valid[:, :prompt_len] = prompt_mask.bool()
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min(0)
 
+        state = None
         if self.cuda_graphs:
-            state = self._graph_state(batch, total)
+            try:
+                state = self._graph_state(batch, total)
+            except Exception as e:  # a model whose forward cannot be captured: decode eagerly
+                log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
+                            type(e).__name__, e)
+                self._state, state, self.cuda_graphs = None, None, False
+        if state is not None:
             cache = state.cache
             cache.reset()
         else:
-            state = None
             cache = self._new_cache(batch, total)
 
         # Prefill. Each query attends to valid keys at or before it, and always to itself, so

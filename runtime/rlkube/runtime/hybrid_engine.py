@@ -4,7 +4,7 @@ Training holds the actor FSDP2-sharded over its group (each rank keeps 1/N of ev
 parameter, plus its gradients and AdamW state). For a rollout the engine:
 
 1. drops the gradients (`zero_grad(set_to_none=True)`), so no gradient memory is live, and
-   on CUDA moves the AdamW moments to host memory (optional, on by default there);
+   on CUDA, when free memory is short, moves the AdamW moments to host memory;
 2. all-gathers every FSDP unit (`FSDPModule.unshard()`) and tells the units not to reshard
    after each forward, so the per-token decode forwards run on the gathered weights with no
    communication at all — this is the generation layout: the plain HF module, unsharded;
@@ -28,6 +28,10 @@ import torch
 
 from .generation import Decoder, GenerationOutput, SamplingParams
 from .policy import PolicyModel
+
+# With the actor's gradients dropped, offload the optimizer state for generation only when less
+# than this share of the device's memory is free (the KV cache then needs the room).
+OFFLOAD_BELOW_FREE_FRACTION = 0.25
 
 
 def _fsdp_units(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -67,8 +71,9 @@ class HybridEngine:
         self.policy = policy
         self.optimizer = optimizer
         self.units = _fsdp_units(policy)
-        device = next(policy.parameters()).device
-        self.offload_optimizer = (device.type == "cuda") if offload_optimizer is None else offload_optimizer
+        # None: decide per rollout on CUDA (offload only when free memory is short, since the
+        # round trip over PCIe costs seconds per step for a 1B+ model); never on CPU.
+        self.offload_optimizer = offload_optimizer
         # Graph capture pins the weights' addresses; FSDP re-gathers into fresh memory on each
         # unshard, so graphs would be re-captured per rollout. The Decoder notices (it keys its
         # graphs on the parameters' addresses) and re-captures only then.
@@ -89,6 +94,14 @@ class HybridEngine:
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
                     state[key] = value.to(device, non_blocking=True)
 
+    def _should_offload(self, device: torch.device) -> bool:
+        if self.offload_optimizer is not None:
+            return self.offload_optimizer
+        if device.type != "cuda" or self.optimizer is None:
+            return False
+        free, total = torch.cuda.mem_get_info(device)
+        return free < OFFLOAD_BELOW_FREE_FRACTION * total
+
     @contextmanager
     def generation_mode(self) -> Iterator[None]:
         """Inside: the actor is unsharded, without gradients, ready for `generate`."""
@@ -100,7 +113,8 @@ class HybridEngine:
         else:
             self.policy.zero_grad(set_to_none=True)
         started = time.perf_counter()
-        if self.offload_optimizer:
+        offload = self._should_offload(device)
+        if offload:
             self._move_optimizer_state("cpu")
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -135,7 +149,7 @@ class HybridEngine:
                 torch.cuda.synchronize(device)
             self.reshard_seconds += time.perf_counter() - started
             started = time.perf_counter()
-            if self.offload_optimizer:
+            if offload:
                 self._move_optimizer_state(device)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)

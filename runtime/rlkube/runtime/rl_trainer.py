@@ -190,7 +190,9 @@ class RLTrainer:
     # -- construction helpers --------------------------------------------------------------
     def _adamw(self, module: torch.nn.Module) -> torch.optim.Optimizer:
         t = self.config.training
-        return torch.optim.AdamW(module.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95))
+        fused = self.ctx.device.type == "cuda"
+        return torch.optim.AdamW(module.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
+                                 fused=fused)
 
     def _frozen(self, lm: torch.nn.Module) -> torch.nn.Module:
         lm.eval().requires_grad_(False)

@@ -58,10 +58,6 @@ def nodes_of(plan: Placement, role: str) -> set[str]:
     return {p.node for p in plan.pods if ranks & set(p.ranks)}
 
 
-def gpus_on(plan: Placement) -> Counter:
-    return Counter({n: c for n, c in Counter(p.node for p in plan.pods).items()}) if plan.pods else Counter()
-
-
 # ----------------------------------------------------------------------------- table: plans
 
 

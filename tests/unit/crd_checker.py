@@ -15,6 +15,7 @@ it makes the agreement between the pydantic validators and the CRD's rules a fas
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from typing import Any
 
@@ -24,9 +25,34 @@ from typing import Any
 
 
 def apply_defaults(value: Any, schema: dict) -> Any:
-    """`value` with the schema's defaults filled in (recursively, as the API server defaults)."""
-    value = copy.deepcopy(value)
+    """`value` with nulls pruned and the schema's defaults filled in, as the API server does."""
+    value = _prune_nulls(copy.deepcopy(value), schema)
     _default_in_place(value, schema)
+    return value
+
+
+def _prune_nulls(value: Any, schema: dict) -> Any:
+    """Drop null-valued fields (none of the schema is nullable); free-form objects keep theirs.
+
+    Unknown fields given null are dropped too, as `rlkube.operator.api.drop_nulls` does (the
+    API server's strict field validation would name them; a null carries nothing either way).
+    """
+    if isinstance(value, dict) and "properties" in schema:
+        props = schema["properties"]
+        return {
+            key: _prune_nulls(item, props[key]) if key in props else item
+            for key, item in value.items()
+            if not (item is None and not props.get(key, {}).get("nullable"))
+        }
+    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        values = schema["additionalProperties"]
+        return {
+            key: _prune_nulls(item, values)
+            for key, item in value.items()
+            if not (item is None and not values.get("nullable"))
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_prune_nulls(item, schema["items"]) for item in value]
     return value
 
 
@@ -162,11 +188,16 @@ def _tokens(text: str) -> list[tuple[str, str]]:
 
 def evaluate(text: str, env: dict[str, Any]) -> Any:
     """Value of the CEL expression `text` with variables `env`."""
+    return _eval(_parse(text), env)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(text: str) -> tuple:
     parser = _Parser(_tokens(text))
     tree = parser.expression()
     if parser.pos != len(parser.tokens):
         raise CelError(f"trailing tokens in {text!r}")
-    return _eval(tree, env)
+    return tree
 
 
 class _Parser:
@@ -314,7 +345,18 @@ def _bool(value: Any) -> bool:
 
 def admit(obj: dict, crd: dict) -> list[str]:
     """Errors the API server would report on creating `obj` (an RLTrainingJob dict)."""
-    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-    # The API server validates the rest of ObjectMeta itself; the CRD restricts only the name.
-    schema["properties"]["metadata"]["x-kubernetes-preserve-unknown-fields"] = True
+    schema = _prepared(crd)
     return validate(apply_defaults(obj, schema), schema)
+
+
+_PREPARED: dict[int, tuple[dict, dict]] = {}
+
+
+def _prepared(crd: dict) -> dict:
+    """The CRD's root schema, ready for `validate` (copied once per CRD object)."""
+    if id(crd) not in _PREPARED:
+        schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        # The API server validates the rest of ObjectMeta itself; the CRD restricts only the name.
+        schema["properties"]["metadata"]["x-kubernetes-preserve-unknown-fields"] = True
+        _PREPARED[id(crd)] = (crd, schema)  # keeps crd alive, so its id is not reused
+    return _PREPARED[id(crd)][1]

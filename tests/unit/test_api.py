@@ -120,6 +120,14 @@ def test_parsing_is_strict_like_the_api_server():
     ]
 
 
+def test_nulls_mean_unset_as_the_api_server_prunes_them():
+    config = {"model_type": "llama", "rope_scaling": None}
+    parsed = api.parse_spec(spec(placement=None, elastic=None, model={"config": config, "path": None}))
+    assert parsed.placement.gpus_per_pod == 1 and parsed.elastic is None
+    assert parsed.model.config == config  # free-form: kept as written
+    assert paths(spec(image=None)) == ["spec.image"]
+
+
 def test_unknown_field_suggests_the_closest_name():
     (error,) = api.spec_errors(spec(roles=roles(actor={"gpus": 1, "colocatewith": "critic"})))
     assert error.path == "spec.roles.actor.colocatewith"

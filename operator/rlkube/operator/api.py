@@ -686,12 +686,30 @@ class FieldError:
 
 def parse_spec(data: Any) -> RLTrainingJobSpec:
     """Validate a spec (camelCase dict, as the API server stores it). Raises ValidationError."""
-    return RLTrainingJobSpec.model_validate(data, strict=True, by_alias=True, by_name=False)
+    return RLTrainingJobSpec.model_validate(drop_nulls(data), strict=True, by_alias=True, by_name=False)
 
 
 def parse_job(data: Any) -> RLTrainingJob:
     """Validate a whole RLTrainingJob object (a manifest document). Raises ValidationError."""
-    return RLTrainingJob.model_validate(data, strict=True, by_alias=True, by_name=False)
+    return RLTrainingJob.model_validate(drop_nulls(data), strict=True, by_alias=True, by_name=False)
+
+
+def drop_nulls(data: Any) -> Any:
+    """`data` without null-valued fields, as the API server stores it.
+
+    The API server prunes a null given for a field whose schema is not nullable (none of ours
+    is) and then applies the field's default, so `placement: null` means "the default
+    placement". Free-form objects (model.config) keep their nulls, as the server does.
+    """
+    if isinstance(data, dict):
+        return {
+            key: value if key == "config" and isinstance(value, dict) else drop_nulls(value)
+            for key, value in data.items()
+            if value is not None
+        }
+    if isinstance(data, list):
+        return [drop_nulls(item) for item in data]
+    return data
 
 
 def spec_errors(data: Any) -> list[FieldError]:

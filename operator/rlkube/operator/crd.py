@@ -144,8 +144,9 @@ def _spec_rules() -> list[dict]:
     total, per_pod = _total_gpus(), _gpus_per_pod()
     return [
         _rule(f"{total} >= 1", "roles: the roles' gpus must add up to >= 1", ".roles"),
+        # gpusPerPod < 1 is refused by its own minimum; the guard keeps CEL from dividing by 0.
         _rule(
-            f"{total} % {per_pod} == 0",
+            f"{per_pod} < 1 || {total} % {per_pod} == 0",
             "placement.gpusPerPod: the job's total GPUs (the sum of the roles' gpus) must be a "
             "multiple of gpusPerPod",
             ".placement",
@@ -167,7 +168,7 @@ def _spec_rules() -> list[dict]:
             ".roles",
         ),
         _rule(
-            f"!has(self.elastic) || self.elastic.minWorkers <= {total} / {per_pod}",
+            f"!has(self.elastic) || {per_pod} < 1 || self.elastic.minWorkers <= {total} / {per_pod}",
             "elastic.minWorkers: must be <= the job's pods (total GPUs / gpusPerPod)",
             ".elastic",
         ),
@@ -365,10 +366,10 @@ class _Converter:
         if model is not None:
             info = _field_by_alias(model, key)
             if info is not None and info.default_factory is not None and "default" not in prop:
-                if "properties" in prop:
-                    # An object of defaulted fields: {} lets the API server fill them in.
-                    prop["default"] = {}
-                elif (default := _jsonable(info)) not in ([], {}):
+                # An object's default is written out in full: the API server checks a default
+                # against the CEL rules as it stands, without filling in the nested defaults.
+                default = _jsonable(info)
+                if default not in ([], {}) or "properties" in prop:
                     prop["default"] = default
         rules = FIELD_RULES.get((model_name, key))
         if rules:
@@ -418,7 +419,7 @@ def _jsonable(info: FieldInfo) -> Any:
     from pydantic import TypeAdapter
 
     value = info.default_factory()  # type: ignore[call-arg,misc]
-    return TypeAdapter(info.annotation).dump_python(value, mode="json", by_alias=True)
+    return TypeAdapter(info.annotation).dump_python(value, mode="json", by_alias=True, exclude_none=True)
 
 
 # ---------------------------------------------------------------------------------------------

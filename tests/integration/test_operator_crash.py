@@ -97,7 +97,11 @@ def test_sigkill_at_random_points_loses_nothing_and_converges(control_plane, tmp
         while (kills < MIN_KILLS or reconcile_count(operator) < MIN_RECONCILES) and time.monotonic() < deadline:
             operator.start()
             operator.wait_ready(timeout=60)
-            time.sleep(rng.uniform(0.0, 1.5))  # lands anywhere: mid-listing, mid-create, mid-status-write
+            # Kill while it works: after its first reconcile, at a random point of the next ones
+            # (mid-listing, between a status write and the creates, mid-ungate...).
+            wait_until("a first reconcile", lambda: "reconciled " in operator.log_path.read_text(), 60,
+                       diagnose=operator.tail)
+            time.sleep(rng.uniform(0.0, 1.0))
             operator.kill()
             kills += 1
         reconciles = reconcile_count(operator)

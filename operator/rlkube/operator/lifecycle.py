@@ -413,6 +413,13 @@ class _Decider:
             names = ", ".join(self._names()[plan.index] for plan in missing)
             return self.teardown("PodLost", f"pod(s) {names} vanished after admission", counted=False)
 
+        still_gated = [p for p in current if p.gated]
+        if gated_by_us and still_gated:
+            # Admission was recorded, but not every gate came off (the operator stopped between
+            # two removals): finish it; the decision to admit was made and written already.
+            return self.finish("Scheduling", "Admitted", f"removing {len(still_gated)} remaining gates",
+                               action="ungate", ungate=[Ungate(p.name, p.gate_position, s.attempt) for p in still_gated])
+
         if self.cluster is not None:
             lost = [p for p in current if p.node and p.node not in self.cluster.node_names]
             if lost:

@@ -115,7 +115,9 @@ class World:
     def view(self) -> JobView:
         return JobView.from_object(self.job)
 
-    def step(self, now: dt.datetime, progress: dict | None = None) -> lifecycle.Decision:
+    def step(self, now: dt.datetime, progress: dict | None = None, crash_after: int | None = None) -> lifecycle.Decision:
+        """Decide and apply; `crash_after=k`: the operator dies after the status write and k of
+        the decision's API calls (deletes, creates, ungates, in the reconciler's order)."""
         view = self.view()
         pods = pod_views(list(self.pods.values()))
         decision = lifecycle.decide(view, pods, now, None, progress, self.settings)
@@ -128,16 +130,25 @@ class World:
             self.writes += 1
             self.job["status"] = decision.status
             self.job["metadata"]["resourceVersion"] = str(int(self.job["metadata"]["resourceVersion"]) + 1)
-        for name in decision.delete:
-            self.pods.pop(name, None)
-        for obj in decision.create:
-            if obj["kind"] == "Pod" and obj["metadata"]["name"] not in self.pods:
-                self.pods[obj["metadata"]["name"]] = copy.deepcopy(obj)
-                self.created_total += 1
-        for gate in decision.ungate:
-            pod = self.pods.get(gate.name)
-            if pod and pod["metadata"]["labels"]["rlkube.io/attempt"] == str(gate.attempt):
-                del pod["spec"]["schedulingGates"][gate.position]
+        calls: list = [("delete", n) for n in decision.delete] + [("create", o) for o in decision.create] \
+            + [("ungate", g) for g in decision.ungate]
+        if crash_after is not None:
+            calls = calls[:crash_after]
+        for kind, arg in calls:
+            if kind == "delete":
+                self.pods.pop(arg, None)
+            elif kind == "create":
+                if arg["kind"] == "Pod" and arg["metadata"]["name"] not in self.pods:
+                    self.pods[arg["metadata"]["name"]] = copy.deepcopy(arg)
+                    self.created_total += 1
+            else:
+                pod = self.pods.get(arg.name)
+                gates = pod["spec"].get("schedulingGates") if pod else None
+                if (pod and pod["metadata"]["labels"]["rlkube.io/attempt"] == str(arg.attempt) and gates
+                        and len(gates) > arg.position and gates[arg.position]["name"] == "rlkube.io/gang"):
+                    del gates[arg.position]
+        if crash_after is not None:
+            return decision  # the Events (and a TTL deletion) never happened
         self.events.extend(decision.events)
         self.deleted_job = self.deleted_job or decision.delete_job
         return decision

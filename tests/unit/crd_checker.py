@@ -147,7 +147,11 @@ def validate(value: Any, schema: dict, path: str = "") -> list[str]:
     for rule in schema.get("x-kubernetes-validations", []):
         if "oldSelf" in rule["rule"]:
             continue
-        if evaluate(rule["rule"], {"self": value}) is not True:
+        try:
+            holds = evaluate(rule["rule"], {"self": value}) is True
+        except CelRuntimeError as exc:
+            holds, rule = False, {**rule, "message": f"{exc} evaluating rule: {rule['message']}"}
+        if not holds:
             errors.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}")
     return errors
 
@@ -170,7 +174,11 @@ _MACROS = ("all", "exists", "exists_one")
 
 
 class CelError(Exception):
-    """An expression outside the supported subset, or an evaluation error (no such key, ...)."""
+    """An expression outside the supported subset (a test failure, not a validation error)."""
+
+
+class CelRuntimeError(CelError):
+    """An evaluation error (no such key, division by zero): the API server reports the rule failed."""
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -297,7 +305,7 @@ def _eval(node: tuple, env: dict[str, Any]) -> Any:
     if tag == "member":
         target = _eval(node[1], env)
         if not isinstance(target, dict) or node[2] not in target:
-            raise CelError(f"no such key {node[2]}")
+            raise CelRuntimeError(f"no such key {node[2]}")
         return target[node[2]]
     if tag == "has":
         target = _eval(node[1][1], env)
@@ -324,7 +332,7 @@ def _eval(node: tuple, env: dict[str, Any]) -> Any:
         left, right = _eval(left_node, env), _eval(right_node, env)
         if op in ("/", "%"):
             if right == 0:
-                raise CelError("division by zero")
+                raise CelRuntimeError("division by zero")
             quotient = abs(left) // abs(right) * (1 if (left >= 0) == (right >= 0) else -1)
             return quotient if op == "/" else left - right * quotient
         return {
@@ -339,7 +347,7 @@ def _eval(node: tuple, env: dict[str, Any]) -> Any:
 
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise CelError(f"expected a bool, got {value!r}")
+        raise CelRuntimeError(f"expected a bool, got {value!r}")
     return value
 
 

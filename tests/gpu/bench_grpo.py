@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group", type=int, default=8, help="completions per prompt")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--micro", type=int, default=16, help="rlkube micro-batch rows")
+    ap.add_argument("--micro", type=int, default=32, help="rlkube micro-batch rows")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None)

@@ -10,7 +10,9 @@ tokens, sampling at temperature 1 (top-p 1, top-k off), EOS ignored so every row
 256 tokens (like for like). HF runs `generate` with its default (dynamic) cache. rlkube runs
 `generation.Decoder`: static cache, prebuilt 4-D masks, one decode step captured as a CUDA graph;
 the figure is its steady state (second call: in RL the decoder is reused every rollout), and the
-first call (with graph capture) is printed too. An ablation runs rlkube's loop without graphs.
+first call (with graph capture) is printed too. An ablation runs rlkube's loop with HF's own
+masked sdpa decode attention (which repeats the KV heads), and a cross-check calls HF generate
+the way TRL's GRPOTrainer does.
 
 Decode floor: per decode step the GPU must read every weight once and the KV cache of every
 row (mean context = prompt + half the new tokens); floor seconds = those bytes / 4.2 TB/s (the
@@ -65,15 +67,26 @@ def floor_seconds_per_step(model, batch: int, prompt: int, new: int, dtype_bytes
     return (weights + batch * mean_context * kv_per_token) / COPY_BANDWIDTH
 
 
-def run_hf(model, ids, mask, new: int, device) -> float:
+def run_hf(model, ids, mask, new: int, device, trl_style: bool = False) -> float:
+    """HF generate, default cache. trl_style: called the way TRL's GRPOTrainer calls it (a
+    GenerationConfig with an EOS id and disable_compile, no min_new_tokens) - a cross-check."""
+    from transformers import GenerationConfig
+
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     sync(device)
     t0 = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                         do_sample=True, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None, pad_token_id=0)
+    if trl_style:
+        config = GenerationConfig(max_new_tokens=new, do_sample=True, pad_token_id=0, eos_token_id=[258],
+                                  temperature=1.0, top_p=1.0, top_k=0, disable_compile=True)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    else:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None,
+                             pad_token_id=0)
     sync(device)
-    assert out.shape[1] == ids.shape[1] + new, out.shape
+    if not trl_style:
+        assert out.shape[1] == ids.shape[1] + new, out.shape
     return time.perf_counter() - t0
 
 
@@ -115,14 +128,20 @@ def main(argv=None) -> int:
     vocab = model.config.vocab_size
     results = []
     graphs = Decoder(model)  # static cache + CUDA graphs on GPU
-    eager = Decoder(model, static_cache=device.type == "cuda", cuda_graphs=False)
+    repeat_kv = Decoder(model)  # ablation: HF's masked sdpa decode (repeats KV heads)
+    repeat_kv.gqa_decode = False
     for batch in [int(b) for b in args.batches.split(",")]:
         g = torch.Generator().manual_seed(batch)
         ids = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=g).to(device)
         mask = torch.ones_like(ids)
         new = args.new_tokens
-        # warm-up of both at this batch (kernels, allocator), short
+        # HF first, on a GPU our decoder has not touched yet; warm-up of both (kernels, allocator)
         run_hf(model, ids, mask, 4, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        hf = run_hf(model, ids, mask, new, device)
+        hf_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        hf_trl = run_hf(model, ids, mask, new, device, trl_style=True)
         first = run_ours(graphs, ids, mask, new, device, 1)
         capture = graphs.last_capture_seconds
         if device.type == "cuda":
@@ -130,13 +149,8 @@ def main(argv=None) -> int:
         ours = run_ours(graphs, ids, mask, new, device, 2)
         ours_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         graphs.release()
-        no_graphs = run_ours(eager, ids, mask, new, device, 3)
-        eager.release()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        hf = run_hf(model, ids, mask, new, device)
-        hf_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        no_gqa = run_ours(repeat_kv, ids, mask, new, device, 3)
+        repeat_kv.release()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         tokens = batch * new
@@ -144,7 +158,7 @@ def main(argv=None) -> int:
         rec = {
             "case": f"rollout batch {batch}", "batch": batch,
             "ours_tokens_per_s": tokens / ours, "hf_tokens_per_s": tokens / hf, "ratio": hf / ours,
-            "ours_no_graphs_tokens_per_s": tokens / no_graphs,
+            "ours_hf_sdpa_decode_tokens_per_s": tokens / no_gqa, "hf_trl_style_tokens_per_s": tokens / hf_trl,
             "ours_first_call_s": first, "graph_capture_s": capture, "cuda_graphs_used": graphs.cuda_graphs,
             "ours_ms_per_step": 1e3 * ours / new, "hf_ms_per_step": 1e3 * hf / new,
             "floor_ms_per_step": 1e3 * floor, "ours_floor_fraction": floor / (ours / new),
@@ -155,12 +169,13 @@ def main(argv=None) -> int:
         }
         print(json.dumps(rec), flush=True)
         results.append(rec)
-    print("\n| case | ours tok/s | HF generate tok/s | ratio | ours no-graphs tok/s | ours ms/step | floor ms/step | floor fraction | peak GiB ours/HF |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| case | ours tok/s | HF generate tok/s | ratio | HF TRL-style tok/s | ours w/ HF sdpa decode tok/s | ours ms/step | floor ms/step | floor fraction | peak GiB ours/HF |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         peaks = f"{r['ours_peak_gib']:.1f}/{r['hf_peak_gib']:.1f}" if r["ours_peak_gib"] else "-"
         print(f"| {r['case']} | {r['ours_tokens_per_s']:,.0f} | {r['hf_tokens_per_s']:,.0f} | {r['ratio']:.2f}x | "
-              f"{r['ours_no_graphs_tokens_per_s']:,.0f} | {r['ours_ms_per_step']:.2f} | {r['floor_ms_per_step']:.2f} | "
+              f"{r['hf_trl_style_tokens_per_s']:,.0f} | {r['ours_hf_sdpa_decode_tokens_per_s']:,.0f} | "
+              f"{r['ours_ms_per_step']:.2f} | {r['floor_ms_per_step']:.2f} | "
               f"{r['ours_floor_fraction']:.2f} | {peaks} |")
     if args.out:
         with open(args.out, "w") as f:

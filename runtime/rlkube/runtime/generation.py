@@ -142,6 +142,53 @@ def attention_mode(model) -> str:
     return _attention_mode(model)
 
 
+# Decode attention for grouped-query models. With a mask, HF's sdpa path (transformers 5.17)
+# repeats every key/value head `groups` times before calling the kernel: at batch 256 that
+# writes and re-reads ~6x the KV cache per layer per token. For one query token the groups can
+# instead ride in the query-length dimension ([B, Hq, 1, D] -> [B, Hkv, G, D]), so the kernel
+# reads each cached key/value once. Prefill and non-grouped models use HF's sdpa unchanged.
+_GQA_DECODE = "rlkube_gqa_decode_sdpa"
+_registered = False
+
+
+def _gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                          **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1 or key.shape[1] * groups != query.shape[1]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    batch, heads, _, dim = query.shape
+    packed = query.reshape(batch, heads // groups, groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+class _DecodeAttention:
+    """Within: the model's sdpa layers use `_gqa_decode_attention` (restored on exit)."""
+
+    def __init__(self, model, enabled: bool):
+        self.config = model.config
+        self.enabled = enabled and getattr(model.config, "_attn_implementation", None) == "sdpa"
+
+    def __enter__(self):
+        global _registered
+        if self.enabled:
+            if not _registered:
+                from transformers import AttentionInterface
+
+                AttentionInterface.register(_GQA_DECODE, _gqa_decode_attention)
+                _registered = True
+            self.config._attn_implementation = _GQA_DECODE
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.config._attn_implementation = "sdpa"
+        return False
+
+
 def _attention_mode(model) -> str:
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl not in ("sdpa", "eager"):
@@ -176,6 +223,7 @@ class Decoder:
                         model.config._attn_implementation)
             self.cuda_graphs = False
         self._cache_kwarg = _cache_kwarg(model)
+        self.gqa_decode = True  # see _gqa_decode_attention; off only to measure its effect
         self._state: _GraphState | None = None
         self.last_capture_seconds = 0.0
 
@@ -217,6 +265,10 @@ class Decoder:
         generator: torch.Generator | None = None,
     ) -> GenerationOutput:
         """Complete every row of a left-padded prompt batch (`input_ids`, `attention_mask`: [B, P])."""
+        with _DecodeAttention(self.model, self.gqa_decode):
+            return self._generate(input_ids, attention_mask, params, generator)
+
+    def _generate(self, input_ids, attention_mask, params: SamplingParams, generator) -> GenerationOutput:
         if params.max_new_tokens < 1:
             raise ValueError(f"rollout.maxNewTokens: must be >= 1, got {params.max_new_tokens}")
         device = next(self.model.parameters()).device

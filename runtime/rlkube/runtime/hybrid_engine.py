@@ -12,9 +12,13 @@ parameter, plus its gradients and AdamW state). For a rollout the engine:
 4. frees the KV cache and CUDA graphs, reshards (the gathered buffers are freed; the shards
    were never copied), and brings the optimizer state back.
 
+With a one-rank actor group nothing is sharded and the parameters never move, so (unless memory
+is short) the static KV cache and the captured decode graph are kept for the next rollout
+instead of being re-captured every step.
+
 So the only full copy of the weights that ever exists is the transient gathered one, while
 generating; there is no separate inference model. With a one-rank actor group nothing is
-sharded and the engine only does steps 1, 3 and 4. The seconds spent in steps 2 and 4 are
+sharded and the engine only does steps 1 and 3 (and 4's optimizer part). The seconds spent in steps 2 and 4 are
 the resharding time reported in the metrics.
 """
 
@@ -139,7 +143,10 @@ class HybridEngine:
             yield
         finally:
             self.generating = False
-            self.decoder.release()
+            if self.sharded or offload:
+                # Sharded: the next unshard gathers into fresh memory, so the graph would be
+                # re-captured anyway; short of memory: training needs the cache's room.
+                self.decoder.release()
             self.policy.train(was_training)
             started = time.perf_counter()
             for unit in self.units:

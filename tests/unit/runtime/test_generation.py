@@ -114,3 +114,25 @@ def test_sample_tokens_distribution_top_k_top_p():
     assert nucleus.tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0], abs=0.015)
     greedy = sample_tokens(logits[:2], SamplingParams(1, temperature=0.0))
     assert greedy.tolist() == [0, 0]
+
+
+def test_grouped_query_decode_reads_kv_heads_once_and_matches_hf_sdpa(monkeypatch):
+    model = tiny_model("qwen2", "sdpa")  # 4 query heads over 2 kv heads
+    ids, mask = left_padded(PROMPTS)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, pad_token_id=PAD)
+    plain = Decoder(model)
+    plain.gqa_decode = False
+    want = plain.generate(ids, mask, params).response_ids
+    shapes = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        shapes.append((tuple(q.shape), tuple(k.shape)))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    got = Decoder(model).generate(ids, mask, params).response_ids
+    assert torch.equal(got, want)
+    # decode steps: queries packed as [B, kv heads, groups, D] against unrepeated [B, kv heads, L, D]
+    assert any(q[1:3] == (2, 2) and k[1] == 2 for q, k in shapes), shapes[:4]
+    assert model.config._attn_implementation == "sdpa"

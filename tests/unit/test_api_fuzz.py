@@ -34,7 +34,7 @@ def _check(data: typing.Any) -> None:
     assert data == before, "validation must not modify its input"
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_specs())
 def test_mutated_specs_validate_or_raise_validation_error(data):
     _check(data)

@@ -44,7 +44,7 @@ def test_bad_manifests_are_refused_by_the_crd_too(path):
         assert errors, f"{path.name}: the CRD admits what rlkube validate refuses"
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_specs())
 def test_crd_and_pydantic_agree_on_mutated_specs(spec):
     obj = job() | {"spec": spec}
@@ -134,7 +134,7 @@ def role_layouts(draw: st.DrawFn) -> dict:
     return job(algorithm=algorithm, **overrides)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(role_layouts())
 def test_crd_and_pydantic_agree_exactly_on_role_layouts(obj):
     pydantic_errors = api.job_errors(obj)

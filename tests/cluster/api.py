@@ -72,8 +72,16 @@ class Client:
             return False
 
 
+class ProcessExited(RuntimeError):
+    """A process the harness waits on has died: waiting longer cannot help."""
+
+
 def wait_for(what: str, condition, timeout: float, interval: float = 0.25, diagnose=None):
-    """Poll `condition()` until it returns a truthy value; raise TimeoutError naming `what`."""
+    """Poll `condition()` until it returns a truthy value; raise TimeoutError naming `what`.
+
+    Errors raised by `condition` are retried (the thing may not be up yet), except
+    ProcessExited, which ends the wait at once.
+    """
     deadline = time.monotonic() + timeout
     last_err: Exception | None = None
     while time.monotonic() < deadline:
@@ -81,6 +89,8 @@ def wait_for(what: str, condition, timeout: float, interval: float = 0.25, diagn
             value = condition()
             if value:
                 return value
+        except ProcessExited:
+            raise
         except Exception as err:  # noqa: BLE001 - reported below if the wait times out
             last_err = err
         time.sleep(interval)

@@ -36,7 +36,9 @@ build() {  # build <component> <module> <binaries...>  (binary = name=package)
   if [[ $missing == 0 ]]; then echo "[$comp] $ver cached in $out"; return; fi
   echo "[$comp] building $ver -> $out"; local t0=$SECONDS
   mkdir -p "$out.tmp"
-  (cd "$HERE/go/$comp" && go build -trimpath -ldflags="$ldflags" -o "$out.tmp/" "${pkgs[@]}")
+  # One package: name the binary (go would call go.etcd.io/etcd/server/v3 "server").
+  local dest="$out.tmp/"; [[ ${#pkgs[@]} -gt 1 ]] || dest="$out.tmp/${names[0]}"
+  (cd "$HERE/go/$comp" && go build -trimpath -ldflags="$ldflags" -o "$dest" "${pkgs[@]}")
   echo "$stamp" > "$out.tmp/.stamp"
   rm -rf "$out"; mv "$out.tmp" "$out"
   echo "[$comp] built in $((SECONDS - t0)) s"

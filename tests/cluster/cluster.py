@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,21 @@ def current_mode(layout: Layout) -> str | None:
         return None
 
 
+def check_ports_free(layout: Layout, mode: str) -> None:
+    """Fail fast, naming the port, when another process (another cluster?) holds one of ours."""
+    ports = [layout.etcd_client_port, layout.etcd_peer_port, layout.apiserver_port,
+             layout.controller_manager_port, layout.scheduler_port]  # fmt: skip
+    if mode == "full":
+        ports += [p for n in default_nodes() for p in (n.stream_port,)]
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as err:
+                raise RuntimeError(f"port 127.0.0.1:{port} is in use ({err.strerror}); another cluster?") from None
+
+
 def all_alive(layout: Layout) -> bool:
     """Every process the cluster started is still running (a crashed kubelet means: restart)."""
     pidfiles = list((layout.state / "pids").glob("*.pid")) if (layout.state / "pids").exists() else []
@@ -90,6 +106,7 @@ def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
         kind.up(layout, timeout)
         return {"kind_s": round(time.monotonic() - t0, 1)}
     try:
+        check_ports_free(layout, mode)
         controlplane.start(layout, timeout=timeout)
         timings["control_plane_s"] = round(time.monotonic() - t0, 1)
         if mode == "full":

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from . import bins, host, kubeconfig, pki, procs
-from .api import Client, wait_for
+from .api import Client, ProcessExited, wait_for
 from .layout import Layout
 
 ETCD = "etcd"
@@ -97,6 +97,8 @@ def start_apiserver(layout: Layout) -> None:
             f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            # Node names are not in any DNS; every kubelet listens on its node IP (the pod bridge).
+            "--kubelet-preferred-address-types=InternalIP",
             f"--service-account-issuer=https://kubernetes.default.svc.{layout.cluster_domain}",
             f"--service-account-key-file={p / 'sa.pub'}",
             f"--service-account-signing-key-file={p / 'sa.key'}",
@@ -151,7 +153,7 @@ def _exited(layout: Layout, *names: str) -> str | None:
 def _check_alive(layout: Layout, *names: str) -> None:
     dead = _exited(layout, *names)
     if dead:
-        raise RuntimeError(dead)
+        raise ProcessExited(dead)
 
 
 def start(layout: Layout, timeout: float = 180.0) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import bins, procs
-from .api import ApiError, wait_for
+from .api import ApiError, ProcessExited, wait_for
 from .controlplane import admin_client
 from .layout import Layout
 
@@ -81,7 +81,7 @@ def add_nodes(layout: Layout, nodes: list[FakeNode], timeout: float = 120.0) -> 
 
     def all_ready() -> bool:
         if not procs.running(layout.state, KWOK):
-            raise RuntimeError(f"kwok exited:\n{procs.log_tail(layout.state, KWOK)}")
+            raise ProcessExited(f"kwok exited:\n{procs.log_tail(layout.state, KWOK)}")
         items = client.get("/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
         ready = {
             i["metadata"]["name"]

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from . import bins, host, images, kubeconfig, network, pki, procs
-from .api import ApiError, wait_for
+from .api import ApiError, ProcessExited, wait_for
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec
 
@@ -59,6 +59,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "{node.stream_port}"
   enable_selinux = false
+  # This machine's root lacks CAP_SYS_RESOURCE, so no process may lower its OOM score below
+  # containerd's; the CRI plugin then clamps the kubelet's -998/-997 instead of runc failing
+  # with "failed to update /proc/self/oom_score_adj: Permission denied".
+  restrict_oom_score_adj = true
   # Pod network namespaces under the state dir, so teardown finds (and unmounts) exactly ours.
   netns_mounts_under_state_dir = true
   [{cri}.containerd]
@@ -235,7 +239,7 @@ def start(layout: Layout, nodes: list[NodeSpec], timeout: float = 240.0) -> None
 
     def ready(node: NodeSpec) -> bool:
         if not procs.running(layout.state, kubelet_name(node)):
-            raise RuntimeError(f"kubelet of {node.name} exited:\n{procs.log_tail(layout.state, kubelet_name(node))}")
+            raise ProcessExited(f"kubelet of {node.name} exited:\n{procs.log_tail(layout.state, kubelet_name(node))}")
         try:
             return _node_ready(client.get(f"/api/v1/nodes/{node.name}"))
         except ApiError as err:

@@ -115,7 +115,7 @@ def _is_observer(cmd: str) -> bool:
     return first in {"tail", "less", "cat", "grep", "vim", "vi", "nano", "bash", "sh", "python", "python3"}
 
 
-def stop_all(state: Path, *, grace: float = 10.0) -> list[int]:
+def stop_all(state: Path, *, grace: float = 3.0) -> list[int]:
     """Stop every pidfile process, then every stray; returns the pids that were signalled."""
     pids = []
     for pidfile in sorted((state / "pids").glob("*.pid")) if (state / "pids").exists() else []:

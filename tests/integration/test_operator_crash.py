@@ -101,7 +101,7 @@ def test_sigkill_at_random_points_loses_nothing_and_converges(control_plane, tmp
             # (mid-listing, between a status write and the creates, mid-ungate...).
             wait_until("a first reconcile", lambda: "reconciled " in operator.log_path.read_text(), 60,
                        diagnose=operator.tail)
-            time.sleep(rng.uniform(0.0, 1.0))
+            time.sleep(rng.uniform(0.0, 3.0))
             operator.kill()
             kills += 1
         reconciles = reconcile_count(operator)

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     __package__ = "tests.cluster"
 
-from tests.cluster import controlplane, kind, network, procs  # noqa: E402
+from tests.cluster import cgroups, controlplane, kind, network, procs  # noqa: E402
 from tests.cluster.layout import Layout, default_nodes  # noqa: E402
 
 MODES = ("control-plane", "full")
@@ -138,7 +138,10 @@ def down(layout: Layout, *, keep_logs: Path | None = Path("/tmp/rlkube-cluster-l
         from tests.cluster import nodes
 
         nodes.stop_containers(layout)
+    node_names = sorted(p.name for p in (layout.state / "nodes").glob("*")) if (layout.state / "nodes").exists() else []
     signalled = procs.stop_all(layout.state)
+    # Containers outlive a killed containerd and its shims; their cgroups still name the node.
+    containers = cgroups.kill_and_remove(layout, node_names)
     mounts = network.unmount_under(layout.state)
     network.bridge_down(layout)
     left = procs.stray_pids(layout.state) if layout.state.exists() else []
@@ -148,6 +151,7 @@ def down(layout: Layout, *, keep_logs: Path | None = Path("/tmp/rlkube-cluster-l
     shutil.rmtree(layout.state, ignore_errors=True)
     return {
         "stopped": len(signalled),
+        "containers_killed": containers,
         "unmounted": len(mounts),
         "left_running": left,
         "seconds": round(time.monotonic() - t0, 1),

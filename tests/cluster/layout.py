@@ -19,6 +19,13 @@ def _default_state() -> Path:
     return Path(os.environ.get("RLKUBE_CLUSTER_DIR", "/tmp/rlkube-cluster"))
 
 
+def cluster_index() -> int:
+    """RLKUBE_CLUSTER_INDEX=k shifts every port by 100*k and every address range, and renames the
+    bridge, so a second cluster (an experiment, another checkout) can run next to the shared one;
+    give it its own RLKUBE_CLUSTER_DIR too."""
+    return int(os.environ.get("RLKUBE_CLUSTER_INDEX", "0"))
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One kubelet node: its name, index (ports and pod range derive from it) and labels."""
@@ -26,22 +33,20 @@ class NodeSpec:
     name: str
     index: int
     labels: dict[str, str]
+    cluster: int = field(default_factory=cluster_index)
 
     @property
     def pod_range(self) -> tuple[str, str]:
-        return (f"10.217.{self.index + 1}.2", f"10.217.{self.index + 1}.254")
-
-    @property
-    def pod_cidr(self) -> str:
-        return f"10.217.{self.index + 1}.0/24"
+        net = 217 + 10 * self.cluster
+        return (f"10.{net}.{self.index + 1}.2", f"10.{net}.{self.index + 1}.254")
 
     @property
     def kubelet_port(self) -> int:
-        return 11250 + self.index
+        return 11250 + 100 * self.cluster + self.index
 
     @property
     def stream_port(self) -> int:
-        return 11010 + self.index
+        return 11010 + 100 * self.cluster + self.index
 
 
 def default_nodes(count: int = 2, gpus: int = 2) -> list[NodeSpec]:
@@ -65,18 +70,52 @@ def default_nodes(count: int = 2, gpus: int = 2) -> list[NodeSpec]:
 @dataclass(frozen=True)
 class Layout:
     state: Path = field(default_factory=_default_state)
-    etcd_client_port: int = 23790
-    etcd_peer_port: int = 23800
-    apiserver_port: int = 6443
-    controller_manager_port: int = 10357
-    scheduler_port: int = 10359
-    service_cidr: str = "10.218.0.0/24"
-    kubernetes_service_ip: str = "10.218.0.1"
-    pod_network: str = "10.217.0.0/16"
-    bridge: str = "rlkbr0"
-    bridge_ip: str = "10.217.0.1"  # the host on the pod bridge: node IP, DNS server, API relay
+    index: int = field(default_factory=cluster_index)
     cluster_domain: str = "cluster.local"
     gpus_per_node: int = 2
+
+    # Ports on 127.0.0.1 (the kubelets' are on the bridge address).
+    @property
+    def etcd_client_port(self) -> int:
+        return 23790 + 100 * self.index
+
+    @property
+    def etcd_peer_port(self) -> int:
+        return 23800 + 100 * self.index
+
+    @property
+    def apiserver_port(self) -> int:
+        return 6443 + 100 * self.index
+
+    @property
+    def controller_manager_port(self) -> int:
+        return 10357 + 100 * self.index
+
+    @property
+    def scheduler_port(self) -> int:
+        return 10359 + 100 * self.index
+
+    # Address ranges: pods 10.217.0.0/16, Services 10.218.0.0/24 (shifted by 10 per index).
+    @property
+    def pod_network(self) -> str:
+        return f"10.{217 + 10 * self.index}.0.0/16"
+
+    @property
+    def bridge_ip(self) -> str:
+        """The host on the pod bridge: node IP of every kubelet, DNS server, API relay."""
+        return f"10.{217 + 10 * self.index}.0.1"
+
+    @property
+    def service_cidr(self) -> str:
+        return f"10.{218 + 10 * self.index}.0.0/24"
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        return f"10.{218 + 10 * self.index}.0.1"
+
+    @property
+    def bridge(self) -> str:
+        return f"rlkbr{self.index}"
 
     @property
     def pki(self) -> Path:

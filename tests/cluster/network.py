@@ -32,13 +32,13 @@ def bridge_up(layout: Layout) -> None:
 
 
 def bridge_down(layout: Layout) -> None:
-    # Deleting the bridge drops its addresses; the pods' veth ends go with their network namespaces.
-    _ip("link", "del", layout.bridge, check=False)
-    # Host ends of veths whose pod namespace leaked (a killed containerd) are removed too.
+    # Host ends of veths still on the bridge (their pod namespace outlived a killed containerd)
+    # first, while `master` still names them as ours; then the bridge with its addresses.
     for line in _ip("-o", "link", "show", "type", "veth", check=False).stdout.splitlines():
         if f"master {layout.bridge} " in line:
             name = line.split(":", 2)[1].strip().split("@")[0]
             _ip("link", "del", name, check=False)
+    _ip("link", "del", layout.bridge, check=False)
 
 
 def unmount_under(root: Path) -> list[str]:

@@ -3,8 +3,8 @@
 Two kubelets can share a host when nothing of theirs overlaps: each node has its own
 containerd (socket, root, state, CRI streaming port and CNI config), its own kubelet root
 directory, ports, serving certificate and `--hostname-override`, and its own slice of the pod
-range on the shared bridge. Pod cgroups are not nested per node (`cgroupsPerQOS: false`), so the
-two kubelets never fight over one `/kubepods` hierarchy; limits still apply per container.
+range on the shared bridge. Each kubelet's pod cgroups sit under its own `cgroupRoot`
+(tests/cluster/cgroups.py), so the two never fight over one `/kubepods` hierarchy.
 
 After a node registers, the harness patches `nvidia.com/gpu` into its status capacity and
 allocatable (as Kueue's e2e tests do with kind). The kubelet leaves extended resources it does
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import bins, host, images, kubeconfig, network, pki, procs
+from . import bins, cgroups, host, images, kubeconfig, network, pki, procs
 from .api import ApiError, ProcessExited, wait_for
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec
@@ -72,6 +72,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
+        # runc's own state per node (default /run/containerd/runc is shared by every containerd).
+        Root = "{nd}/runc"
   [{cri}.cni]
     bin_dir = "{host.cni_bin_dir()}"
     conf_dir = "{nd}/cni/net.d"
@@ -126,8 +128,12 @@ def _kubelet_config(layout: Layout, node: NodeSpec, crt: Path, key: Path) -> dic
         "tlsPrivateKeyFile": str(key),
         "containerRuntimeEndpoint": f"unix://{socket(layout, node)}",
         "cgroupDriver": "cgroupfs",
-        "cgroupsPerQOS": False,
-        "enforceNodeAllocatable": [],
+        # Each kubelet keeps its pods (kubepods/<qos>/pod<uid>/<container>) under its own
+        # cgroup, so the two never share one /kubepods and teardown can kill a node's
+        # containers by cgroup.
+        "cgroupsPerQOS": True,
+        "cgroupRoot": cgroups.create(layout, node),
+        "enforceNodeAllocatable": ["pods"],
         "failCgroupV1": False,
         "failSwapOn": False,
         "clusterDNS": [layout.bridge_ip],

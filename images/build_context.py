@@ -14,11 +14,13 @@ What goes in:
   RLKUBE_WHEELS to override); what is missing there is downloaded into it once, from the
   package index pip is configured with.
 
-The hash printed (and written to build/image-wheels/<image>.hash) covers the Dockerfile, rlkube's sources and the
-names of the third-party wheels (wheel files of a given name and version never change), so a
-builder can skip an image whose inputs it has built before: pass it as `--build-arg
-INPUT_HASH=...` (the image records it as a label). It does not cover the base image: the builder
-(tests/cluster/images.py) adds that.
+It prints two build arguments, as KEY=VALUE lines (also written to build/image-wheels/<image>.args):
+- DEPS_HASH: the names of the third-party wheels (a wheel file of a given name never changes). The
+  Dockerfiles install those first, listed in `dependencies.txt`, in a layer of their own that a
+  layer cache reuses while DEPS_HASH stays the same (torch alone is GBs; rebuilding it for every
+  change of rlkube's sources would cost minutes each time).
+- INPUT_HASH: DEPS_HASH plus the Dockerfile and rlkube's sources: the whole image's inputs but the
+  base image, which the builder (tests/cluster/images.py) adds. The image records it as a label.
 
 Wheels are hard-linked into the context when the cache is on the same filesystem (the torch
 wheels are ~2.6 GB), else copied.
@@ -80,8 +82,8 @@ def _build_rlkube_wheel(cache: Path, out: Path, constraints: Path) -> Path:
     return wheel
 
 
-def _resolved_files(requirement: str, find_links: list[Path], constraints: Path) -> list[Path]:
-    """The wheel files pip would install for `requirement`, from the given folders only."""
+def _resolved_files(requirement: str, find_links: list[Path], constraints: Path) -> list[tuple[str, Path]]:
+    """(name==version, wheel file) of what pip would install for `requirement`, from the given folders only."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         links = [arg for folder in find_links for arg in ("--find-links", str(folder))]
@@ -93,7 +95,8 @@ def _resolved_files(requirement: str, find_links: list[Path], constraints: Path)
         url = item["download_info"]["url"]
         if not url.startswith("file://"):
             raise RuntimeError(f"build_context: {item['metadata']['name']} resolved to {url}, not a local wheel")
-        files.append(Path(url.removeprefix("file://")))
+        meta = item["metadata"]
+        files.append((f"{meta['name'].lower()}=={meta['version']}", Path(url.removeprefix("file://"))))
     return files
 
 
@@ -119,8 +122,8 @@ def wheels_dir(image: str) -> Path:
     return REPO / "build" / "image-wheels" / image
 
 
-def prepare(image: str) -> str:
-    """Fill `build/image-wheels/<image>` and return the hash of the image's inputs."""
+def prepare(image: str) -> dict[str, str]:
+    """Fill `build/image-wheels/<image>`; returns the build arguments DEPS_HASH and INPUT_HASH."""
     if image not in EXTRAS:
         raise SystemExit(f"build_context: image must be one of {', '.join(EXTRAS)}, got {image!r}")
     cache = wheel_cache()
@@ -139,26 +142,28 @@ def prepare(image: str) -> str:
         # pip download also saved the direct-URL rlkube wheel; the cache keeps third-party wheels only.
         for stale in cache.glob("rlkube-*.whl"):
             stale.unlink()
-        files = _resolved_files(requirement, [cache], constraints)
-        for path in files:
+        resolved = _resolved_files(requirement, [cache], constraints)
+        for _, path in resolved:
             _link(path, wheels / path.name)
 
-    h = hashlib.sha256()
+    deps = sorted((pin, path) for pin, path in resolved if not pin.startswith("rlkube=="))
+    (wheels / "dependencies.txt").write_text("".join(f"{pin}\n" for pin, _ in deps))
+    deps_hash = hashlib.sha256("\n".join(path.name for _, path in deps).encode()).hexdigest()[:16]
+
+    h = hashlib.sha256(deps_hash.encode())
     h.update((IMAGES / image / "Dockerfile").read_bytes())
     _source_digest(h)
-    for path in sorted(files, key=lambda p: p.name):
-        if not path.name.startswith("rlkube-"):
-            h.update(path.name.encode() + b"\0")
-    digest = h.hexdigest()[:16]
-    wheels.with_suffix(".hash").write_text(digest + "\n")
-    return digest
+    args = {"DEPS_HASH": deps_hash, "INPUT_HASH": h.hexdigest()[:16]}
+    wheels.with_suffix(".args").write_text("".join(f"{k}={v}\n" for k, v in args.items()))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fill build/image-wheels/<image> with the image's wheels.")
     parser.add_argument("image", choices=sorted(EXTRAS))
     args = parser.parse_args(argv)
-    print(prepare(args.image))
+    for key, value in prepare(args.image).items():
+        print(f"{key}={value}")
     return 0
 
 

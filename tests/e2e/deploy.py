@@ -57,8 +57,8 @@ def build_and_load(cluster, name: str) -> str:
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"images/build_context.py {name} failed:\n{proc.stderr[-3000:]}")
-    input_hash = proc.stdout.strip().splitlines()[-1]
-    archive = images.build(name, {"INPUT_HASH": input_hash})
+    build_args = dict(line.split("=", 1) for line in proc.stdout.split() if "=" in line)  # DEPS_HASH, INPUT_HASH
+    archive = images.build(name, build_args)
     images.load(cluster.layout, cluster.nodes, archive)
     log(f"image {archive.ref} ready on {len(cluster.nodes)} nodes ({time.monotonic() - t0:.0f} s)")
     return archive.ref

@@ -34,8 +34,13 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def kube_version() -> str:
+    # helm template assumes an old Kubernetes unless told (the chart needs >= 1.30): the harness's.
+    return bins.version("kubernetes")
+
+
 def render_text(*sets: str, include_crds: bool = False) -> str:
-    args = ["template", "rlkube", str(CHART), "--namespace", NAMESPACE]
+    args = ["template", "rlkube", str(CHART), "--namespace", NAMESPACE, "--kube-version", kube_version()]
     if include_crds:
         args.append("--include-crds")
     for s in sets:
@@ -87,14 +92,15 @@ def test_helm_lint_strict_is_clean(sets):
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(bad, key):
-    proc = helm("template", "rlkube", str(CHART), "--set", bad, check=False)
+    proc = helm("template", "rlkube", str(CHART), "--kube-version", kube_version(), "--set", bad, check=False)
     assert proc.returncode != 0, f"--set {bad} was accepted"
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
     assert key in proc.stderr, proc.stderr
 
 
 def test_service_monitor_needs_the_metrics_service():
-    proc = helm("template", "rlkube", str(CHART), "--set", "metrics.serviceMonitor.enabled=true",
+    proc = helm("template", "rlkube", str(CHART), "--kube-version", kube_version(),
+                "--set", "metrics.serviceMonitor.enabled=true",
                 "--set", "metrics.service.enabled=false", check=False)
     assert proc.returncode != 0 and "metrics.service.enabled" in proc.stderr, proc.stderr
 
@@ -229,7 +235,10 @@ def test_rendered_chart_passes_server_side_dry_run(namespaces, sets):
     assert proc.returncode == 0, proc.stderr
     applied = [line for line in proc.stdout.splitlines() if "(server dry run)" in line]
     assert len(applied) == len(docs), proc.stdout
-    assert "Warning" not in proc.stderr, proc.stderr
+    # The CRD may exist already (another test installed it): kubectl's note about its missing
+    # last-applied annotation is not a verdict on the manifests; any other warning is.
+    warnings = [w for w in proc.stderr.splitlines() if w.startswith("Warning") and "last-applied-configuration" not in w]
+    assert not warnings, proc.stderr
 
 
 def test_operator_pod_is_admitted_under_restricted_pod_security(namespaces):

@@ -46,12 +46,20 @@ def test_runs_as_numeric_non_root_user(name):
     assert uid.isdigit() and int(uid) != 0, f"images/{name}: USER {users[-1]} is not a numeric non-root uid"
 
 
-@pytest.mark.parametrize(("name", "extra"), [("operator", "operator"), ("runtime-cpu", "runtime")])
-def test_cpu_images_install_offline_from_their_wheel_folder(name, extra):
-    runs = " ".join(rest for word, rest in _instructions(name) if word == "RUN")
-    assert f"--mount=type=bind,source=build/image-wheels/{name}," in runs
-    assert "--no-index" in runs
-    assert f"'rlkube[{extra}]'" in runs
+@pytest.mark.parametrize("name", ["operator", "runtime-cpu"])
+def test_cpu_images_install_offline_from_their_wheel_folder_dependencies_first(name):
+    ins = _instructions(name)
+    runs = [(i, rest) for i, (word, rest) in enumerate(ins) if word == "RUN"]
+    assert len(runs) == 2, "one layer of dependencies, one of rlkube"
+    for _, run in runs:
+        assert f"--mount=type=bind,source=build/image-wheels/{name},target=/wheels" in run
+        assert "--no-index" in run
+    (deps_at, deps), (own_at, own) = runs
+    assert "-r /wheels/dependencies.txt" in deps and "rlkube-" not in deps and "rlkube[" not in deps
+    assert "--no-deps /wheels/rlkube-*.whl" in own
+    # Each layer's cache key holds the hash of what it installs (buildah/docker key RUN on its ARGs).
+    args = {rest.split("=")[0]: i for i, (word, rest) in enumerate(ins) if word == "ARG"}
+    assert args["DEPS_HASH"] < deps_at < args["INPUT_HASH"] < own_at
 
 
 def test_build_context_knows_each_cpu_image_and_its_extra():

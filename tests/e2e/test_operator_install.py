@@ -66,8 +66,15 @@ def current_permissions(deployed) -> str:
     sa = f"system:serviceaccount:{deployed.namespace}:{deployed.release}"
     sections = []
     for label, ns in (("operator namespace", deployed.namespace), ("watched namespace", deployed.jobs_namespace)):
-        sections.append(f"# {label}\n" + "\n".join(_can_i_list(deployed.cluster, sa, ns)))
+        sections.append(f"== {label} ==\n" + "\n".join(_can_i_list(deployed.cluster, sa, ns)))
     return "\n".join(sections) + "\n"
+
+
+def allowlist() -> tuple[str, str]:
+    """(header comment, body) of the committed allowlist."""
+    lines = ALLOWLIST.read_text().splitlines(keepends=True)
+    header = "".join(line for line in lines if line.startswith("#"))
+    return header, "".join(line for line in lines if not line.startswith("#"))
 
 
 def test_service_account_permissions_match_the_committed_allowlist(deployed):
@@ -75,13 +82,15 @@ def test_service_account_permissions_match_the_committed_allowlist(deployed):
     import os
 
     actual = current_permissions(deployed)
+    header, committed = allowlist()
     if os.environ.get("RLKUBE_UPDATE_ALLOWLIST") == "1":
-        ALLOWLIST.write_text(actual)
-    assert actual == ALLOWLIST.read_text(), (
+        ALLOWLIST.write_text(header + actual)
+        committed = actual
+    assert actual == committed, (
         "the operator's ServiceAccount can do something other than the allowlist says:\n" + actual
     )
     for line in actual.splitlines():
-        if line.startswith("#") or line.startswith("["):  # a section title, or a non-resource URL row
+        if line.startswith("==") or line.startswith("["):  # a section title, or a non-resource URL row
             continue
         resource, verbs = line.split("  ")[0], line.split("  ")[-1]
         assert resource.split(".")[0] != "secrets" and resource != "*" and "*" not in verbs, line

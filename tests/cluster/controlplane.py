@@ -8,6 +8,7 @@ cluster is disposable and fsync on a shared 2-core disk is the slowest thing it 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def admin_client(layout: Layout, timeout: float = 10.0) -> Client:
 
 def make_credentials(layout: Layout) -> None:
     """Certificates, service-account keys and kubeconfigs of the control plane (idempotent)."""
+    if not (layout.pki / "ca.crt").exists() and (layout.pki_cache / "ca.crt").exists():
+        shutil.copytree(layout.pki_cache, layout.pki, dirs_exist_ok=True)
     p = layout.pki
     pki.ensure_ca(p)
     pki.service_account_keys(p)
@@ -55,6 +58,12 @@ def make_credentials(layout: Layout) -> None:
         if stem != "apiserver-kubelet-client":
             target = layout.kubeconfig if stem == "admin" else layout.state / f"{stem}.kubeconfig"
             kubeconfig.write(target, server=layout.server, ca=p / "ca.crt", cert=crt, key=key, user=cn)
+    save_credentials(layout)
+
+
+def save_credentials(layout: Layout) -> None:
+    """Keep the certificates for the next cluster (see Layout.pki_cache)."""
+    shutil.copytree(layout.pki, layout.pki_cache, dirs_exist_ok=True)
 
 
 def _mount_tmpfs(path: Path) -> None:

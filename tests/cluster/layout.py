@@ -122,6 +122,13 @@ class Layout:
         return self.state / "pki"
 
     @property
+    def pki_cache(self) -> Path:
+        """Certificates kept between clusters (making them is ~10 s on a busy 2-core machine);
+        copied into `pki` at start, so every process's command line still names the state dir."""
+        root = Path(os.environ.get("RLKUBE_CACHE", Path.home() / ".cache" / "rlkube"))
+        return root / f"pki-{self.index}"
+
+    @property
     def kubeconfig(self) -> Path:
         return self.state / "kubeconfig"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import bins, cgroups, host, images, kubeconfig, network, pki, procs
 from .api import ApiError, ProcessExited, wait_for
-from .controlplane import admin_client
+from .controlplane import admin_client, save_credentials
 from .layout import Layout, NodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,6 +173,7 @@ def prepare(layout: Layout, node: NodeSpec) -> None:
     serving = pki.issue(layout.pki, pki.Identity(f"kubelet-serving-{node.name}", node.name,
                                                  hosts=(layout.bridge_ip, node.name)))  # fmt: skip
     (nd / "kubelet.json").write_text(json.dumps(_kubelet_config(layout, node, *serving), indent=2))
+    save_credentials(layout)
 
 
 def start_containerd(layout: Layout, node: NodeSpec) -> None:

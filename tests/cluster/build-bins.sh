@@ -29,11 +29,16 @@ build() {  # build <component> <module> <binaries...>  (binary = name=package)
   [[ "$comp" != kubernetes ]] || ldflags+="$(k8s_ldflags "$ver")"
   local out="$CACHE/$comp-$ver" names=() pkgs=() b
   for b in "$@"; do names+=("${b%%=*}"); pkgs+=("${b#*=}"); done
+  # One builder per component at a time (a test session and `make` may both ask); the second
+  # waits, then finds the cache complete.
+  mkdir -p "$CACHE"
+  exec {lock}>"$CACHE/.$comp.lock"
+  flock "$lock"
   # The stamp names what was built and how; a change of flags or binaries means a rebuild.
   local stamp; stamp="$(echo "$ldflags ${pkgs[*]}" | sha256sum | cut -c1-16)"
   local missing=0; for b in "${names[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
   [[ "$(cat "$out/.stamp" 2>/dev/null)" == "$stamp" ]] || missing=1
-  if [[ $missing == 0 ]]; then echo "[$comp] $ver cached in $out"; return; fi
+  if [[ $missing == 0 ]]; then echo "[$comp] $ver cached in $out"; flock -u "$lock"; return; fi
   echo "[$comp] building $ver -> $out"; local t0=$SECONDS
   mkdir -p "$out.tmp"
   # One package: name the binary (go would call go.etcd.io/etcd/server/v3 "server").
@@ -42,6 +47,7 @@ build() {  # build <component> <module> <binaries...>  (binary = name=package)
   echo "$stamp" > "$out.tmp/.stamp"
   rm -rf "$out"; mv "$out.tmp" "$out"
   echo "[$comp] built in $((SECONDS - t0)) s"
+  flock -u "$lock"
 }
 
 want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kubernetes etcd helm kwok)

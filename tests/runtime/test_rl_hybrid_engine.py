@@ -10,6 +10,14 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlkube.runtime.distributed import init_from_env, shutdown
+from rlkube.runtime.generation import Decoder, SamplingParams
+from rlkube.runtime.hybrid_engine import HybridEngine, parameter_bytes
+from rlkube.runtime.models import shard
+from rlkube.runtime.policy import PolicyModel
+from rlkube.runtime.prompts import left_padded
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +48,6 @@ def worker(rank: int, port: int, results) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from rlkube.runtime.distributed import init_from_env, shutdown
-    from rlkube.runtime.generation import Decoder, SamplingParams
-    from rlkube.runtime.hybrid_engine import HybridEngine, parameter_bytes
-    from rlkube.runtime.models import shard
-    from rlkube.runtime.policy import PolicyModel
-    from rlkube.runtime.prompts import left_padded
 
     ctx = init_from_env({"actor": [0, 1]})
     torch.manual_seed(0)
@@ -101,7 +101,8 @@ def test_hybrid_engine_generates_like_an_unsharded_copy_with_one_resident_copy()
         port = s.getsockname()[1]
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(worker, args=(port, results), nprocs=2, join=True)
+    # fork: the workers reuse this process's imports (torch, transformers) instead of paying them again
+    mp.start_processes(worker, args=(port, results), nprocs=2, join=True, start_method="fork")
     for rank in (0, 1):
         r = results[rank]
         assert r["before_train_equal"] and r["after_train_equal"], r

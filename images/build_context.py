@@ -14,13 +14,15 @@ What goes in:
   RLKUBE_WHEELS to override); what is missing there is downloaded into it once, from the
   package index pip is configured with.
 
-It prints two build arguments, as KEY=VALUE lines (also written to build/image-wheels/<image>.args):
-- DEPS_HASH: the names of the third-party wheels (a wheel file of a given name never changes). The
-  Dockerfiles install those first, listed in `dependencies.txt`, in a layer of their own that a
-  layer cache reuses while DEPS_HASH stays the same (torch alone is GBs; rebuilding it for every
-  change of rlkube's sources would cost minutes each time).
-- INPUT_HASH: DEPS_HASH plus the Dockerfile and rlkube's sources: the whole image's inputs but the
-  base image, which the builder (tests/cluster/images.py) adds. The image records it as a label.
+It also writes `dependencies.txt` (name==version of every third-party wheel) next to the wheels.
+The Dockerfiles COPY that file before installing the dependencies in a layer of their own, so
+the layer cache keys that layer on the exact pins (torch alone is GBs: a change of rlkube's
+sources must not rebuild it), then install rlkube's wheel in a second, small layer.
+
+It prints the input hash (also written to build/image-wheels/<image>.hash): the dependency pins,
+the Dockerfile and rlkube's sources, i.e. the image's inputs but the base image, which the
+builder (tests/cluster/images.py) adds. Pass it as `--build-arg INPUT_HASH=...`: it keys the
+rlkube layer and is recorded as a label.
 
 Wheels are hard-linked into the context when the cache is on the same filesystem (the torch
 wheels are ~2.6 GB), else copied.
@@ -122,8 +124,8 @@ def wheels_dir(image: str) -> Path:
     return REPO / "build" / "image-wheels" / image
 
 
-def prepare(image: str) -> dict[str, str]:
-    """Fill `build/image-wheels/<image>`; returns the build arguments DEPS_HASH and INPUT_HASH."""
+def prepare(image: str) -> str:
+    """Fill `build/image-wheels/<image>` (wheels and dependencies.txt); returns the input hash."""
     if image not in EXTRAS:
         raise SystemExit(f"build_context: image must be one of {', '.join(EXTRAS)}, got {image!r}")
     cache = wheel_cache()
@@ -146,24 +148,22 @@ def prepare(image: str) -> dict[str, str]:
         for _, path in resolved:
             _link(path, wheels / path.name)
 
-    deps = sorted((pin, path) for pin, path in resolved if not pin.startswith("rlkube=="))
-    (wheels / "dependencies.txt").write_text("".join(f"{pin}\n" for pin, _ in deps))
-    deps_hash = hashlib.sha256("\n".join(path.name for _, path in deps).encode()).hexdigest()[:16]
+    deps = sorted(pin for pin, _ in resolved if not pin.startswith("rlkube=="))
+    (wheels / "dependencies.txt").write_text("".join(f"{pin}\n" for pin in deps))
 
-    h = hashlib.sha256(deps_hash.encode())
+    h = hashlib.sha256((wheels / "dependencies.txt").read_bytes())
     h.update((IMAGES / image / "Dockerfile").read_bytes())
     _source_digest(h)
-    args = {"DEPS_HASH": deps_hash, "INPUT_HASH": h.hexdigest()[:16]}
-    wheels.with_suffix(".args").write_text("".join(f"{k}={v}\n" for k, v in args.items()))
-    return args
+    digest = h.hexdigest()[:16]
+    wheels.with_suffix(".hash").write_text(digest + "\n")
+    return digest
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fill build/image-wheels/<image> with the image's wheels.")
     parser.add_argument("image", choices=sorted(EXTRAS))
     args = parser.parse_args(argv)
-    for key, value in prepare(args.image).items():
-        print(f"{key}={value}")
+    print(prepare(args.image))
     return 0
 
 

@@ -55,11 +55,13 @@ def test_cpu_images_install_offline_from_their_wheel_folder_dependencies_first(n
         assert f"--mount=type=bind,source=build/image-wheels/{name},target=/wheels" in run
         assert "--no-index" in run
     (deps_at, deps), (own_at, own) = runs
-    assert "-r /wheels/dependencies.txt" in deps and "rlkube-" not in deps and "rlkube[" not in deps
+    assert "-r /opt/rlkube-dependencies.txt" in deps and ".whl" not in deps and "rlkube[" not in deps
     assert "--no-deps /wheels/rlkube-*.whl" in own
-    # Each layer's cache key holds the hash of what it installs (buildah/docker key RUN on its ARGs).
+    # Each layer's cache key holds what it installs: the pins file's content (COPY), the sources'
+    # hash (a build ARG; builders key RUN on the ARGs it sees).
+    copy_at = ins.index(("COPY", f"build/image-wheels/{name}/dependencies.txt /opt/rlkube-dependencies.txt"))
     args = {rest.split("=")[0]: i for i, (word, rest) in enumerate(ins) if word == "ARG"}
-    assert args["DEPS_HASH"] < deps_at < args["INPUT_HASH"] < own_at
+    assert copy_at < deps_at < args["INPUT_HASH"] < own_at
 
 
 def test_build_context_knows_each_cpu_image_and_its_extra():

@@ -87,9 +87,9 @@ def load_prompt_data(spec: DataSpec, tokenizer: Tokenizer, max_new_tokens: int) 
     return PromptData(texts=texts, ids=ids, answers=answers)
 
 
-def left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) [B, P] with every row right-aligned."""
-    width = max(len(r) for r in rows)
+def left_padded(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [B, P] with every row right-aligned; P = `width` or the longest row."""
+    width = max([len(r) for r in rows] + [width or 0])
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):

@@ -64,6 +64,8 @@ from .sampler import StepSampler
 from .tokenizer import load_tokenizer
 from .trainer import TrainerHooks, _SigtermFlag, learning_rate
 
+PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens
+
 
 @dataclass
 class RLResult:
@@ -257,7 +259,14 @@ class RLTrainer:
         cfg = self.config
         prompt_index = group_layout(self.sampler.batch(step), self.group_size)
         rows = [self.data.ids[i] for i in prompt_index]
-        ids, mask = left_padded(rows, self.tokenizer.pad_id)
+        width = None
+        if self.ctx.device.type == "cuda":
+            # Round the prompt block up so consecutive rollouts share a shape and the decoder's
+            # captured graph (keyed on batch and length) is replayed instead of re-captured.
+            longest = max(len(r) for r in rows)
+            room = cfg.data.max_seq_len - cfg.rollout.max_new_tokens
+            width = min(-(-longest // PROMPT_WIDTH_STEP) * PROMPT_WIDTH_STEP, max(room, longest))
+        ids, mask = left_padded(rows, self.tokenizer.pad_id, width)
         prompt_len, width = ids.shape[1], ids.shape[1] + cfg.rollout.max_new_tokens
         stats = {"generationSeconds": 0.0, "generatedTokens": 0, "reshardSeconds": 0.0}
         packed = None

@@ -34,6 +34,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,8 +53,29 @@ NAMESPACE = "bench"
 JOB_LABEL = "bench.rlkube.io/job"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 
-# A Stage of our own for kwok: a pod bound to a fake node becomes Running and Ready.
+# Stages of our own for kwok: a fake node not Ready becomes Ready (kwok runs no node controller,
+# and so manages no pods, without a node stage); a pod bound to a fake node becomes Running.
 KWOK_STAGES = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: bench-node-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Node
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+  next:
+    statusTemplate: |
+      conditions:
+      - type: Ready
+        status: "True"
+        reason: KwokReady
+---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -103,12 +125,49 @@ def pin_binaries(names: tuple[str, ...]) -> dict[str, bool]:
     return found
 
 
+class BenchLayout(Layout):
+    """The harness's layout on ports and ranges of its own (clear of every RLKUBE_CLUSTER_INDEX
+    slot the harness hands out), with certificates made fresh in the state directory."""
+
+    @property
+    def etcd_client_port(self) -> int:
+        return 25590
+
+    @property
+    def etcd_peer_port(self) -> int:
+        return 25600
+
+    @property
+    def apiserver_port(self) -> int:
+        return 7643
+
+    @property
+    def controller_manager_port(self) -> int:
+        return 11657
+
+    @property
+    def scheduler_port(self) -> int:
+        return 11659
+
+    @property
+    def service_cidr(self) -> str:
+        return "10.250.0.0/24"
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        return "10.250.0.1"
+
+    @property
+    def bridge_ip(self) -> str:
+        return "10.251.0.1"  # only named in the apiserver's certificate: no bridge is made
+
+    @property
+    def pki_cache(self) -> Path:
+        return self.state / "no-pki-cache"
+
+
 def layout() -> Layout:
-    return Layout(
-        state=STATE, etcd_client_port=23890, etcd_peer_port=23891, apiserver_port=6544,
-        controller_manager_port=10457, scheduler_port=10459, service_cidr="10.219.0.0/24",
-        kubernetes_service_ip="10.219.0.1",
-    )  # fmt: skip
+    return BenchLayout(state=STATE)
 
 
 class PrivateCluster:
@@ -305,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="fill,churn")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
-    found = pin_binaries(("kube-apiserver", "kube-scheduler", "kwok"))
+    found = pin_binaries(("kube-apiserver", "kube-scheduler", "kwok", "etcd"))
+    if found["kwok"] and found["etcd"]:
+        # kwok's client-go streams its watch lists, which kube-apiserver refuses on etcd 3.4
+        # (no RequestWatchProgress): with kwok, use the harness's etcd 3.6 build, not Debian's.
+        os.environ["RLKUBE_ETCD"] = "build"
     if not (found["kube-apiserver"] and found["kube-scheduler"]):
         print(f"not built: {found} (tests/cluster/build-bins.sh kubernetes)", file=sys.stderr)
         return 2
@@ -328,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, use_rlkube in (("rlkube", True), ("kube-scheduler", False)):
                     arm = Arm(cluster, use_rlkube)
                     results[name].append(sim.run_case(case, jobs, arm.place, pod_size, depart=arm.delete))
+                    phases = Counter((p.get("status") or {}).get("phase") for p in cluster.pods())
+                    extra.setdefault(f"pod_phases_at_end_{name}", []).append(dict(phases))
                     arm.reset()
                     if use_rlkube:
                         extra["mismatches"].append(arm.mismatches)
@@ -341,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                      for p, rs in results.items()}
             setup["kwok_running"] = cluster.kwok_running()
             record = {"case": case, "setup": setup, "mean": means, "per_seed": results,
-                      **{k: statistics.fmean(v) for k, v in extra.items()}}
+                      **{k: statistics.fmean(v) if k[:3] != "pod" else v for k, v in extra.items()}}
             print(json.dumps(record, sort_keys=True), flush=True)
             for metric in sim.METRICS:
                 ours, peer = means["rlkube"][metric], means["kube-scheduler"][metric]

@@ -121,14 +121,19 @@ def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
             print(f"cluster-up failed; kept as is, logs in {layout.state / 'logs'}", file=sys.stderr)
         else:
             down(layout)
-            print("cluster-up failed; stopped what had started, logs in /tmp/rlkube-cluster-logs", file=sys.stderr)
+            print(f"cluster-up failed; stopped what had started, logs in {logs_kept(layout)}", file=sys.stderr)
         raise
     mode_file(layout).write_text(mode + "\n")
     timings["total_s"] = round(time.monotonic() - t0, 1)
     return timings
 
 
-def down(layout: Layout, *, keep_logs: Path | None = Path("/tmp/rlkube-cluster-logs")) -> dict[str, object]:
+def logs_kept(layout: Layout) -> Path:
+    """Where `down` leaves a copy of the logs: /tmp/rlkube-cluster-logs for the default state dir."""
+    return layout.state.parent / f"{layout.state.name}-logs"
+
+
+def down(layout: Layout, *, keep_logs: bool = True) -> dict[str, object]:
     """Stop everything the cluster started, unmount, remove its network and state. Idempotent."""
     t0 = time.monotonic()
     if backend(layout) == "kind":
@@ -146,8 +151,8 @@ def down(layout: Layout, *, keep_logs: Path | None = Path("/tmp/rlkube-cluster-l
     network.bridge_down(layout)
     left = procs.stray_pids(layout.state) if layout.state.exists() else []
     if keep_logs and (layout.state / "logs").exists():
-        shutil.rmtree(keep_logs, ignore_errors=True)
-        shutil.copytree(layout.state / "logs", keep_logs)
+        shutil.rmtree(logs_kept(layout), ignore_errors=True)
+        shutil.copytree(layout.state / "logs", logs_kept(layout))
     shutil.rmtree(layout.state, ignore_errors=True)
     return {
         "stopped": len(signalled),

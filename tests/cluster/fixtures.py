@@ -19,7 +19,7 @@ import pytest
 
 from . import bins, images, kind, kwok
 from .api import Client
-from .cluster import backend, down, locked, up
+from .cluster import backend, down, locked, logs_kept, up
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec, default_nodes
 
@@ -101,7 +101,7 @@ def _session_cluster(mode: str):
         except Exception as err:
             raise RuntimeError(
                 f"the test cluster ({mode}) could not start: {err}\n"
-                "logs: /tmp/rlkube-cluster-logs (or /tmp/rlkube-cluster/logs with RLKUBE_KEEP_CLUSTER=1); "
+                f"logs: {logs_kept(layout)} (or {layout.state / 'logs'} with RLKUBE_KEEP_CLUSTER=1); "
                 "set RLKUBE_SKIP_CLUSTER=1 to skip cluster tests on purpose"
             ) from err
         _users(layout).mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ land there. Works in either cluster mode; needs no containerd.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import bins, procs
 from .api import ApiError, ProcessExited, wait_for
@@ -20,6 +21,7 @@ from .layout import Layout
 KWOK = "kwok"
 ANNOTATION = "kwok.x-k8s.io/node"
 TAINT = {"key": ANNOTATION, "value": "fake", "effect": "NoSchedule"}
+STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ def start(layout: Layout) -> None:
         [
             str(bins.kwok()),
             f"--kubeconfig={layout.kubeconfig}",
-            "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={ANNOTATION}=fake",
+            f"--config={STAGES}",
             # kwok's own pod IPs; nothing routes them, they only fill in pod status.
             "--cidr=10.219.0.0/16",
             "--node-ip=10.219.255.254",

@@ -23,7 +23,10 @@ def cluster_index() -> int:
     """RLKUBE_CLUSTER_INDEX=k shifts every port by 100*k and every address range, and renames the
     bridge, so a second cluster (an experiment, another checkout) can run next to the shared one;
     give it its own RLKUBE_CLUSTER_DIR too."""
-    return int(os.environ.get("RLKUBE_CLUSTER_INDEX", "0"))
+    index = int(os.environ.get("RLKUBE_CLUSTER_INDEX", "0"))
+    if not 0 <= index <= 3:
+        raise ValueError(f"RLKUBE_CLUSTER_INDEX must be 0..3 (address ranges 10.217-10.248), got {index}")
+    return index
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ here and put in an image FROM scratch, so no registry is needed for pod sandboxe
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -146,7 +147,19 @@ def _build_pause(context: Path) -> None:
 
 
 def build(name: str, build_args: dict[str, str] | None = None) -> ImageArchive:
-    """Build `images/<name>` (unless its archive for the same inputs is cached)."""
+    """Build `images/<name>` (unless its archive for the same inputs is cached).
+
+    One build of an image at a time on the machine: the wheel context of images/build_context.py
+    and the buildah tag are shared, so a second builder waits for the first (then usually finds
+    the archive cached).
+    """
+    (CACHE / "images").mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "images" / f".{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(name, build_args)
+
+
+def _build_locked(name: str, build_args: dict[str, str] | None) -> ImageArchive:
     folder = IMAGES / name
     if not (folder / "Dockerfile").exists():
         raise FileNotFoundError(f"images/{name}/Dockerfile does not exist")

@@ -1,7 +1,7 @@
 """Operator benchmark: apply -> all pods created, rlkube vs the built-in Indexed Job controller.
 
-Run: `.venv/bin/python tests/bench/bench_operator.py` (uses the harness's control plane, starting
-it when it is not up: `make cluster-up CLUSTER_MODE=control-plane`). `--markdown` prints the
+Run: `.venv/bin/python tests/bench/bench_operator.py` (uses the harness's control plane as the
+integration tests do: reused when up, else started and stopped again). `--markdown` prints the
 table for docs/benchmarks.md.
 
 Both arms, on the same API server in the same run, one after the other, alternating, `--rounds`
@@ -39,12 +39,9 @@ from operator_env import Env, Kubelet, Operator, wait_until  # noqa: E402
 
 from rlkube.operator import render  # noqa: E402
 from rlkube.operator.api import parse_spec  # noqa: E402
-from rlkube.operator.kubeapi import ApiError  # noqa: E402
 from rlkube.operator.observed import JobRef  # noqa: E402
 from rlkube.operator.placement import Placement, PodPlan  # noqa: E402
-from tests.cluster import controlplane  # noqa: E402
-from tests.cluster.cluster import current_mode, down, locked, up  # noqa: E402
-from tests.cluster.layout import Layout  # noqa: E402
+from tests.cluster.fixtures import _session_cluster  # noqa: E402
 
 SPEC = {
     "algorithm": "dpo",
@@ -139,17 +136,19 @@ def fresh_namespace(base: Env, tag: str) -> Env:
     return env
 
 
-def drop_namespace(env: Env) -> None:
-    env.api.request("DELETE", f"/api/v1/namespaces/{env.namespace}")
-
-    def gone() -> bool:
-        try:
-            env.api.request("GET", f"/api/v1/namespaces/{env.namespace}")
-        except ApiError as exc:
-            return exc.status == 404
-        return False
-
-    wait_until(f"namespace {env.namespace} deleted", gone, 600, interval=1.0)
+def drop_namespace(env: Env, arm: str) -> None:
+    """Remove an arm's objects and wait until its pods are gone (so the next arm starts on an idle
+    API server); the namespace itself is deleted without waiting."""
+    ns = env.namespace
+    if arm == "rlkube":
+        env.api.request("DELETE", f"/apis/rlkube.io/v1alpha1/namespaces/{ns}/rltrainingjobs")
+    else:
+        env.api.request("DELETE", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                        body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+    env.api.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                    body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+    wait_until(f"the pods of {ns} gone", lambda: pod_count(env) == 0, 600, interval=1.0)
+    env.api.request("DELETE", f"/api/v1/namespaces/{ns}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,21 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
 
-    layout = Layout()
-    started = False
-    with locked(layout):
-        if current_mode(layout) is None or not controlplane.admin_client(layout, 3).healthy():
-            up(layout, "control-plane")
-            started = True
-
-    def kubectl(*a: str, **kw) -> str:
-        import subprocess
-
-        from tests.cluster import bins
-        return subprocess.run([str(bins.kubectl()), f"--kubeconfig={layout.kubeconfig}", *a], check=True,
-                              capture_output=True, text=True).stdout
-
-    base = Env(str(layout.kubeconfig), kubectl, prefix="bench")
+    # The harness's control plane, shared the way the pytest fixture shares it: reused when up,
+    # else started, and registered as a user so another session's teardown leaves it running.
+    session = _session_cluster("control-plane")
+    cluster = next(session)
+    base = Env(cluster.kubeconfig, cluster.kubectl, prefix="bench")
     base.install_crd()
     for i in range(args.jobs):
         base.add_node(f"n{i:03d}", gpus=8, labels={"nvidia.com/gpu.clique": f"c{i // 8}"})
@@ -187,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     out = run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs) if arm == "rlkube" else run_jobs(env, args.jobs)
                 finally:
-                    drop_namespace(env)
+                    drop_namespace(env, arm)
                 out.update(case="apply-100x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
                 print(json.dumps(out), flush=True)
                 results[arm].append(out)
@@ -195,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         heart.stop()
         for name in list(base.nodes):
             base.delete_node(name)
-        if started:
-            with locked(layout):
-                down(layout)
+        next(session, None)  # leave the cluster as the fixture would
 
     ours = statistics.median(r["created_s"] for r in results["rlkube"])
     peer = statistics.median(r["created_s"] for r in results["indexed-job"])

@@ -373,8 +373,17 @@ class _Decider:
         if placement.fallback:
             self.event("Warning", "PlacementFallback", "; ".join(placement.messages))
         objects = render.render(job.ref, spec, placement, s.attempt)
-        return self.finish("Scheduling", "Placed", f"creating {len(placement.pods)} pods", action="create",
-                           create=objects)
+        # The plan was made on a fresh inventory that counts every other job's unbound pods, so the
+        # whole gang fits now: admit it in the same step. The pods are still created gated and the
+        # gates removed only after every create succeeded, so no pod binds while its gang is
+        # incomplete.
+        s.admission_time = format_time(self.now)
+        ungate = []
+        if render.uses_gang_gate(job.ref, spec):
+            ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in objects if o["kind"] == "Pod"]
+        self.event("Normal", "Admitted", f"gang of {len(placement.pods)} pods fits: created and ungated together")
+        return self.finish("Scheduling", "Admitted", f"creating {len(placement.pods)} pods", action="create",
+                           create=objects, ungate=ungate, requeue_after=float(spec.placement.gang_timeout_seconds))
 
     def placed(self) -> Decision:
         s, job, spec = self.s, self.job, self.job.spec
@@ -410,6 +419,13 @@ class _Decider:
             return self.finish("Scheduling", "Admitted", "pods handed to the scheduler", action="admit")
 
         if missing:
+            if not any(p.node or p.phase != "Pending" for p in current) and self.old_phase != "Running":
+                # The admitting step stopped before all creates went through: finish them.
+                objects = [render.render_service(job.ref), render.render_configmap(job.ref, spec, placement.device_map)]
+                pods = [render.render_pod(job.ref, spec, placement, plan, s.attempt) for plan in missing]
+                ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in pods] if gated_by_us else []
+                return self.finish("Scheduling", "Admitted", f"creating {len(missing)} missing pods",
+                                   action="create", create=objects + pods, ungate=ungate)
             names = ", ".join(self._names()[plan.index] for plan in missing)
             return self.teardown("PodLost", f"pod(s) {names} vanished after admission", counted=False)
 

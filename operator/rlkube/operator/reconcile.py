@@ -118,8 +118,8 @@ class Reconciler:
                     self._refresh_configmap(obj)
         # A gang's pods are independent requests: create them concurrently (one round trip).
         list(self._writers.map(self.api.create, pods))
-        for gate in decision.ungate:
-            self.api.remove_gate(ns, gate.name, gate.position, GANG_GATE, gate.attempt)
+        list(self._writers.map(lambda g: self.api.remove_gate(ns, g.name, g.position, GANG_GATE, g.attempt),
+                               decision.ungate))
         for event in decision.events:
             self._event(job, event.type, event.reason, event.message)
         if decision.delete_job:

@@ -104,47 +104,49 @@ def test_new_job_asks_for_inventory_then_creates_gated_gang():
     assert w.status["phase"] == "Scheduling" and w.status["attempt"] == 0
     assert w.status["startTime"] == "2026-12-02T12:00:00Z"
     assert [c["type"] for c in w.status["conditions"] if c["status"] == "True"] == ["Placed", "Progressing"]
-    assert w.reasons() == ["Placed"]
     assert len(w.status["placement"]["pods"]) == 4
+    # planned on a fresh inventory: admitted in the same step, gates off once every create is done
+    assert w.reasons() == ["Placed", "Admitted"] and w.status["admissionTime"] == "2026-12-02T12:00:00Z"
+    assert sorted(u.name for u in d.ungate) == sorted(o["metadata"]["name"] for o in d.create if o["kind"] == "Pod")
+    assert all(not p["spec"]["schedulingGates"] for p in w.pods.values())
+    assert d.requeue_after == 600  # the gang timeout
 
 
-def test_all_pods_exist_and_fit_then_every_gate_goes_at_once():
+def test_gated_pods_without_a_recorded_admission_are_checked_then_ungated():
     w = world()
-    w.step(at(0))
+    w.step(at(0), crash_after=6)  # the creates went through, the gate removals did not
+    del w.job["status"]["admissionTime"]  # and no admission on record (an older operator's state)
     d = w.step(at(1))
     assert d.action == "ungate" and len(d.ungate) == 4
     assert all(not p["spec"]["schedulingGates"] for p in w.pods.values())
     assert w.status["admissionTime"] == "2026-12-02T12:00:01Z"
-    assert w.reasons() == ["Placed", "Admitted"]
-    assert d.requeue_after == 600  # the gang timeout
 
 
 def test_admission_interrupted_between_two_gate_removals_is_finished():
     w = world()
-    w.step(at(0))
-    d = lifecycle.decide(w.view(), pod_views(list(w.pods.values())), at(1),
-                         lifecycle.cluster_view(w.nodes, [], w.view().spec), None, FAST)
-    w.job["status"] = d.status  # the status write happened...
-    first = d.ungate[0]
-    del w.pods[first.name]["spec"]["schedulingGates"][first.position]  # ...and one removal, then a crash
+    w.step(at(0), crash_after=7)  # 2 objects + 4 pods created, one gate removed, then a crash
+    assert sum(1 for p in w.pods.values() if p["spec"]["schedulingGates"]) == 3
     d = w.step(at(2))
-    assert d.action == "ungate" and len(d.ungate) == 3 and first.name not in {u.name for u in d.ungate}
+    assert d.action == "ungate" and len(d.ungate) == 3
     assert all(not p["spec"]["schedulingGates"] for p in w.pods.values())
 
 
-def test_missing_pods_before_admission_are_created_without_ungating():
+def test_admission_interrupted_between_two_creates_is_finished():
     w = world()
-    w.step(at(0))
-    lost = sorted(w.pods)[1]
-    del w.pods[lost]
+    w.step(at(0), crash_after=4)  # Service, ConfigMap and 2 of the 4 pods
+    assert len(w.pods) == 2
     d = w.step(at(1))
-    assert d.action == "create" and [o["metadata"]["name"] for o in d.create if o["kind"] == "Pod"] == [lost]
-    assert not d.ungate
+    assert d.action == "create" and len([o for o in d.create if o["kind"] == "Pod"]) == 2 and len(d.ungate) == 2
+    w.step(at(2))  # the first two are still gated: their gates come off too
+    assert len(w.pods) == 4 and all(not p["spec"]["schedulingGates"] for p in w.pods.values())
+
+
 
 
 def test_plan_that_no_longer_fits_is_replanned_not_counted():
     w = world()
-    w.step(at(0))
+    w.step(at(0), crash_after=6)
+    del w.job["status"]["admissionTime"]  # gated, not admitted (see the test above)
     planned = {p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
                ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0] for p in w.pods.values()}
     # Someone else's pod takes GPUs on the planned node while ours wait at the gate.
@@ -304,7 +306,8 @@ def test_suspend_tears_down_and_resume_replans():
     assert w.status["attempt"] == 1 and w.reasons().count("Suspended") == 1
     w.job["spec"]["runPolicy"] = {"suspend": False}
     d = w.step(at(20))
-    assert d.action == "create" and w.status["phase"] == "Scheduling" and w.reasons()[-2:] == ["Resumed", "Placed"]
+    assert d.action == "create" and w.status["phase"] == "Scheduling"
+    assert w.reasons()[-3:] == ["Resumed", "Placed", "Admitted"]
     suspended = next(c for c in w.status["conditions"] if c["type"] == "Suspended")
     assert suspended["status"] == "False"
     assert {p["metadata"]["labels"]["rlkube.io/attempt"] for p in w.pods.values()} == {"1"}
@@ -326,18 +329,16 @@ def test_deadline_fails_the_job():
 
 def test_gang_timeout_replans_but_not_for_volcano():
     w = world()
-    w.step(at(0))
-    w.step(at(1))
+    w.step(at(0))  # planned, created and admitted; nothing binds the pods
     d = w.step(at(300))
-    assert d.requeue_after == pytest.approx(301)
+    assert d.requeue_after == pytest.approx(300)
     d = w.step(at(601))
     assert d.action == "replan" and w.events[-1].reason == "GangTimeout" and w.status["restarts"] == 0
 
     v = world(schedulerName="volcano")
     d = v.step(at(0))
     assert all("schedulingGates" not in o["spec"] for o in d.create if o["kind"] == "Pod")
-    d = v.step(at(1))
-    assert d.action == "admit" and not d.ungate
+    assert not d.ungate and v.status["admissionTime"]  # admission is Volcano's: nothing to ungate
     d = v.step(at(5000))
     assert d.action == "wait" and v.status["phase"] == "Scheduling"
 
@@ -365,7 +366,7 @@ def test_failed_job_deletes_remaining_running_pods_and_stays_failed():
 
 def test_pod_view_reads_exit_code_gate_and_disruption():
     w = world()
-    w.step(at(0))
+    w.step(at(0), crash_after=6)  # created, still gated
     pod = next(iter(w.pods.values()))
     v = PodView.from_object(pod)
     assert v.gated and v.gate_position == 0 and v.attempt == 0 and v.index is not None

@@ -181,7 +181,9 @@ def _build_locked(name: str, build_args: dict[str, str] | None) -> ImageArchive:
         if name == "pause":
             context = Path(tmp)
             _build_pause(context)
-        cmd = ["buildah", *storage_args(), "bud", "--isolation", "chroot", "--layers",
+        # No --layers: with vfs every cached step is a full copy of the filesystem (the
+        # runtime-cpu image is 4.7 GB); the archive below is the cache that matters.
+        cmd = ["buildah", *storage_args(), "bud", "--isolation", "chroot",
                "-f", str(folder / "Dockerfile"), "-t", ref]  # fmt: skip
         for k, v in sorted(args.items()):
             cmd += ["--build-arg", f"{k}={v}"]
@@ -191,6 +193,8 @@ def _build_locked(name: str, build_args: dict[str, str] | None) -> ImageArchive:
         tmp_archive = Path(tmp) / "image.tar"
         subprocess.run(["buildah", *storage_args(), "push", "--quiet", ref, f"docker-archive:{tmp_archive}:{ref}"],
                        check=True, capture_output=True)  # fmt: skip
+        # The archive holds the image now; its vfs copy in buildah's storage is only disk.
+        subprocess.run(["buildah", *storage_args(), "rmi", ref], capture_output=True)
         for old in archive.parent.glob(f"{name}-*.tar"):
             if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}\.tar", old.name):
                 old.unlink()  # one cached archive per image: the newest inputs

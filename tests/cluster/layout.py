@@ -146,4 +146,5 @@ class Layout:
         """What a node keeps between clusters: its containerd root (content store, unpacked
         images), so warm starts do not re-import images. Under ~/.cache/rlkube/nodes/."""
         root = Path(os.environ.get("RLKUBE_CACHE", Path.home() / ".cache" / "rlkube"))
-        return root / "nodes" / node.name
+        # Per cluster index: two containerds must never open one root (its bolt database).
+        return root / f"nodes-{self.index}" / node.name

@@ -102,11 +102,35 @@ def _resolved_files(requirement: str, find_links: list[Path], constraints: Path)
     return files
 
 
+def _replace(dst: Path, write) -> None:
+    """Write `dst` through a temporary file and rename it into place, so a build reading the
+    folder at the same moment (another session's) never sees it missing or half-written."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, dst)
+
+
 def _link(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    def write(tmp: Path) -> None:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copy2(src, tmp)
+
+    _replace(dst, write)
+
+
+def _sync(folder: Path, files: list[Path]) -> None:
+    """Make `folder` hold exactly `files` (and dependencies.txt), touching only what changes."""
+    wanted = {path.name: path for path in files}
+    for name, src in wanted.items():
+        dst = folder / name
+        # rlkube's wheel is rebuilt every time; third-party wheels of a given name never change.
+        if name.startswith("rlkube-") or not dst.exists():
+            _link(src, dst)
+    for path in folder.iterdir():
+        if path.name not in wanted and path.name != "dependencies.txt" and not path.name.startswith("."):
+            path.unlink(missing_ok=True)
 
 
 def _source_digest(h: hashlib._Hash) -> None:
@@ -131,9 +155,7 @@ def prepare(image: str) -> str:
     cache = wheel_cache()
     cache.mkdir(parents=True, exist_ok=True)
     wheels = wheels_dir(image)
-    if wheels.exists():
-        shutil.rmtree(wheels)
-    wheels.mkdir(parents=True)
+    wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         constraints = _constraints(tmp_path / "constraints.txt")
@@ -145,17 +167,16 @@ def prepare(image: str) -> str:
         for stale in cache.glob("rlkube-*.whl"):
             stale.unlink()
         resolved = _resolved_files(requirement, [cache], constraints)
-        for _, path in resolved:
-            _link(path, wheels / path.name)
+        _sync(wheels, [path for _, path in resolved])
 
     deps = sorted(pin for pin, _ in resolved if not pin.startswith("rlkube=="))
-    (wheels / "dependencies.txt").write_text("".join(f"{pin}\n" for pin in deps))
+    _replace(wheels / "dependencies.txt", lambda tmp: tmp.write_text("".join(f"{pin}\n" for pin in deps)))
 
     h = hashlib.sha256((wheels / "dependencies.txt").read_bytes())
     h.update((IMAGES / image / "Dockerfile").read_bytes())
     _source_digest(h)
     digest = h.hexdigest()[:16]
-    wheels.with_suffix(".hash").write_text(digest + "\n")
+    _replace(wheels.with_suffix(".hash"), lambda tmp: tmp.write_text(digest + "\n"))
     return digest
 
 

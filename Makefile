@@ -91,8 +91,10 @@ cluster-down:
 cluster-status:
 	$(PYTHON_SYS) tests/cluster/cluster.py status
 
+# The images the local cluster runs (the CUDA `runtime` image needs its public base and a GPU build).
+LOCAL_IMAGES ?= pause smoke operator runtime-cpu
 images:
-	for d in images/*/Dockerfile; do n=$$(basename $$(dirname $$d)); \
+	for n in $(LOCAL_IMAGES); do \
 	  $(PYTHON_SYS) -c "import sys; sys.path.insert(0, '.'); from tests.cluster import images; print(images.build('$$n'))"; done
 
 runtime-tests: setup

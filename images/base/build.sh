@@ -3,7 +3,7 @@
 # a minimal Debian bookworm root filesystem (python3, venv, CA certificates), buildah imports it.
 # The Dockerfiles in images/ build FROM it with `--build-arg BASE_IMAGE=localhost/rlkube/base:bookworm`.
 #
-# Cached by content hash of its inputs (this script, the suite, the package list, the mirror):
+# Cached by content hash of its inputs (the recipe version, suite, package list and mirror):
 # the rootfs tarball lives in $RLKUBE_CACHE/images/, and the image carries the hash as a label,
 # so a rerun with the same inputs does nothing.
 #
@@ -16,7 +16,9 @@ CACHE="${RLKUBE_CACHE:-$HOME/.cache/rlkube}"
 IMAGE="${BASE_IMAGE_REF:-localhost/rlkube/base:bookworm}"
 SUITE=bookworm
 PACKAGES=python3,python3-venv,ca-certificates
-STORAGE=(--root "${BUILDAH_ROOT:-$CACHE/buildah/storage}" --runroot "${BUILDAH_RUNROOT:-/run/rlkube-buildah}" --storage-driver vfs)
+# tests/cluster/images.py passes the storage it uses (overlay where the kernel allows, else vfs).
+STORAGE=(--root "${BUILDAH_ROOT:-$CACHE/buildah/storage}" --runroot "${BUILDAH_RUNROOT:-/run/rlkube-buildah}"
+         --storage-driver "${BUILDAH_DRIVER:-vfs}")
 
 mirror() {
   if [[ -n "${DEBIAN_MIRROR:-}" ]]; then echo "$DEBIAN_MIRROR"; return; fi
@@ -32,7 +34,9 @@ need() { command -v "$1" >/dev/null || { echo "base image: '$1' is missing (apt-
 need debootstrap debootstrap; need buildah buildah
 
 MIRROR="$(mirror)"
-HASH="$( { cat "$0"; echo "$SUITE $PACKAGES $MIRROR"; } | sha256sum | cut -c1-16)"
+# Bump when the way the rootfs is made changes (debootstrap options, the clean-up below).
+RECIPE=1
+HASH="$(echo "recipe-$RECIPE $SUITE $PACKAGES $MIRROR" | sha256sum | cut -c1-16)"
 have="$(buildah "${STORAGE[@]}" inspect --type image --format '{{index .ImageAnnotations "rlkube.io/input-hash"}}' "$IMAGE" 2>/dev/null || true)"
 if [[ "$have" == "$HASH" ]]; then echo "base image: $IMAGE up to date ($HASH)"; exit 0; fi
 

@@ -1,7 +1,10 @@
 """Operator benchmark: apply -> all pods created, rlkube vs the built-in Indexed Job controller.
 
-Run: `.venv/bin/python tests/bench/bench_operator.py` (uses the harness's control plane as the
-integration tests do: reused when up, else started and stopped again). `--markdown` prints the
+Run: `.venv/bin/python tests/bench/bench_operator.py` (needs the harness binaries:
+`tests/cluster/build-bins.sh kubernetes etcd`). It starts a private control plane of its own
+under /tmp/rlkube-bench-operator-cp (etcd, kube-apiserver, kube-controller-manager with every
+controller, kube-scheduler; own ports), so the shared test cluster is neither used nor disturbed,
+and stops it at the end. `--markdown` prints the
 table for docs/benchmarks.md.
 
 Both arms, on the same API server in the same run, one after the other, alternating, `--rounds`
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -41,7 +45,22 @@ from rlkube.operator import render  # noqa: E402
 from rlkube.operator.api import parse_spec  # noqa: E402
 from rlkube.operator.observed import JobRef  # noqa: E402
 from rlkube.operator.placement import Placement, PodPlan  # noqa: E402
-from tests.cluster.fixtures import _session_cluster  # noqa: E402
+from tests.cluster import controlplane, network, procs  # noqa: E402
+from tests.cluster.layout import Layout  # noqa: E402
+
+STATE = Path("/tmp/rlkube-bench-operator-cp")
+
+
+def private_layout() -> Layout:
+    # Index 3: every port and address range shifted away from the shared cluster's (index 0).
+    return Layout(state=STATE, index=3)
+
+
+def stop_private(layout: Layout) -> None:
+    if layout.state.exists():
+        procs.stop_all(layout.state)
+        network.unmount_under(layout.state)
+        shutil.rmtree(layout.state, ignore_errors=True)
 
 SPEC = {
     "algorithm": "dpo",
@@ -145,7 +164,7 @@ def drop_namespace(env: Env, arm: str) -> None:
     else:
         env.api.request("DELETE", f"/apis/batch/v1/namespaces/{ns}/jobs",
                         body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
-    env.api.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+    env.api.request("DELETE", f"/api/v1/namespaces/{ns}/pods", timeout=600,
                     body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
     wait_until(f"the pods of {ns} gone", lambda: pod_count(env) == 0, 600, interval=1.0)
     env.api.request("DELETE", f"/api/v1/namespaces/{ns}")
@@ -158,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
 
-    # The harness's control plane, shared the way the pytest fixture shares it: reused when up,
-    # else started, and registered as a user so another session's teardown leaves it running.
-    session = _session_cluster("control-plane")
-    cluster = next(session)
-    base = Env(cluster.kubeconfig, cluster.kubectl, prefix="bench")
+    layout = private_layout()
+    stop_private(layout)
+    layout.state.mkdir(parents=True)
+    controlplane.start(layout)
+    base = Env(str(layout.kubeconfig), None, prefix="bench")
     base.install_crd()
     for i in range(args.jobs):
         base.add_node(f"n{i:03d}", gpus=8, labels={"nvidia.com/gpu.clique": f"c{i // 8}"})
@@ -175,16 +194,16 @@ def main(argv: list[str] | None = None) -> int:
                 env = fresh_namespace(base, arm.split("-")[0])
                 try:
                     out = run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs) if arm == "rlkube" else run_jobs(env, args.jobs)
+                    out.update(case=f"apply-{args.jobs}x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
+                    print(json.dumps(out), flush=True)
+                    results[arm].append(out)
                 finally:
                     drop_namespace(env, arm)
-                out.update(case="apply-100x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
-                print(json.dumps(out), flush=True)
-                results[arm].append(out)
     finally:
         heart.stop()
         for name in list(base.nodes):
             base.delete_node(name)
-        next(session, None)  # leave the cluster as the fixture would
+        stop_private(layout)
 
     ours = statistics.median(r["created_s"] for r in results["rlkube"])
     peer = statistics.median(r["created_s"] for r in results["indexed-job"])

@@ -38,6 +38,63 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class InventoryCache:
+    """Nodes and GPU-holding pods, listed at most every `ttl` seconds, plus the pods this
+    operator created since the last listing began (a list cannot contain those yet).
+
+    Listing every node and every pod of the cluster for each plan costs seconds once a cluster
+    holds hundreds of pods, and plans are made one at a time (under the reconciler's inventory
+    lock). Between listings the operator's own creations are the only change that matters for
+    over-commit, and those it knows: they are kept in a ledger until a fresh listing includes
+    them. Other changes (another scheduler's pods, a node going) are seen within `ttl`.
+    """
+
+    def __init__(self, api: KubeAPI, ttl: float = 2.0) -> None:
+        self.api = api
+        self.ttl = ttl
+        self._snapshot: tuple[list[dict], list[dict], list[dict]] | None = None
+        self._taken = 0.0
+        # pod key -> [when its create request finished (None: not yet), the pod]
+        self._ledger: dict[tuple[str, str], list] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> tuple[list[dict], list[dict], list[dict]]:
+        """(nodes, bound pods, unbound rlkube pods incl. the ledger's)."""
+        if self._snapshot is None or time.monotonic() - self._taken > self.ttl:
+            started = time.monotonic()
+            self._snapshot = (self.api.list_nodes(), self.api.list_bound_pods(), self.api.list_planned_pods())
+            self._taken = started
+            with self._lock:  # a listing begun after a create finished contains that pod
+                self._ledger = {k: v for k, v in self._ledger.items() if v[0] is None or v[0] >= started}
+        nodes, bound, planned = self._snapshot
+        with self._lock:
+            listed = {((p.get("metadata") or {}).get("namespace"), (p.get("metadata") or {}).get("name")) for p in planned}
+            extra = [pod for key, (_, pod) in self._ledger.items() if key not in listed]
+        return nodes, bound, planned + extra
+
+    @staticmethod
+    def _key(pod: dict) -> tuple[str, str]:
+        return pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+    def record(self, pods: list[dict]) -> None:
+        """Pods a decision is about to create: they count from now on."""
+        with self._lock:
+            for pod in pods:
+                self._ledger[self._key(pod)] = [None, pod]
+
+    def settle(self, pods: list[dict]) -> None:
+        """Their create requests are done (made, or failed): the next listing tells."""
+        now = time.monotonic()
+        with self._lock:
+            for pod in pods:
+                entry = self._ledger.get(self._key(pod))
+                if entry is not None:
+                    entry[0] = now
+
+    def invalidate(self) -> None:
+        self._snapshot = None
+
+
 class Reconciler:
     """Applies `lifecycle.decide` to the cluster for one job at a time (thread-safe per job)."""
 
@@ -55,6 +112,7 @@ class Reconciler:
         self.clock = clock
         self.progress = progress
         self._inventory_lock = threading.Lock()
+        self.inventory = InventoryCache(api)
         self._writers = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="create")
 
     def reconcile(self, namespace: str, name: str, poll_progress: bool = False) -> Decision | None:
@@ -82,14 +140,23 @@ class Reconciler:
             if not decision.need_cluster:
                 self.apply(job, decision)
             else:
-                # Planning and admission read the GPU inventory; one job at a time, inventory read
-                # and decision applied under the lock, so the pods one plan creates are seen by
-                # the next plan (see lifecycle.cluster_view).
+                # Planning and admission read the GPU inventory one job at a time; a plan's pods
+                # enter the inventory's ledger before the lock is released, so the next plan counts
+                # them even while their creates are still in flight (see InventoryCache).
                 with self._inventory_lock:
-                    cluster = cluster_view(self.api.list_nodes(), self.api.list_bound_pods(), job.spec,
-                                           self.api.list_planned_pods(), job.ref.uid)
+                    nodes, bound, planned = self.inventory.get()
+                    cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid)
                     decision = decide(job, pods, now, cluster, report, self.settings)
+                    self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
+
+                created = [o for o in decision.create if o["kind"] == "Pod"]
+                try:
                     self.apply(job, decision)
+                except Exception:
+                    self.inventory.invalidate()  # what was created is unknown: list afresh
+                    raise
+                finally:
+                    self.inventory.settle(created)
             action = decision.action
             return decision
         finally:

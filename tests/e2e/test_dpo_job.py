@@ -1,6 +1,11 @@
 """The tiny DPO job of examples/ (what `make demo` runs), applied with kubectl, trained by the CPU
 runtime image on two nodes, reconciled by the operator that Helm installed.
 
+The example's 2 GPUs fit on one node of the harness (2 fake GPUs each), and the planner rightly
+keeps the actor's group inside one NVLink clique. To run across two nodes the test asks for 4
+GPUs in pods of 2: the cluster's whole capacity, one pod per node, two trainer processes in each
+(world size 4 over gloo, rendezvous through the headless Service's DNS names).
+
 What a user sees is what is checked: `kubectl get rltj` (phase, step, tokens/s) and the job's
 Events, in the order that tells its story.
 """
@@ -26,13 +31,14 @@ def _subsequence(wanted: list[str], seen: list[str]) -> bool:
 def test_tiny_dpo_job_trains_across_two_nodes_and_succeeds(deployed):
     cluster, ns = deployed.cluster, deployed.jobs_namespace
     name = deployed.job_name("dpo")
-    job = deploy.job_manifest(name, ns)
+    job = deploy.job_manifest(name, ns, roles={"actor": {"gpus": 4}, "reference": {"colocateWith": "actor"}},
+                              placement={"gpusPerPod": 2})
     steps = job["spec"]["training"]["steps"]
     deploy.apply(cluster, job)
     try:
         done = deploy.wait_phase(cluster, ns, name, "Succeeded", timeout=420)
 
-        # Two pods of one (fake) GPU each, planned on two different nodes.
+        # Two pods of two (fake) GPUs each, planned on the two nodes.
         placed = done["status"]["placement"]["pods"]
         assert len(placed) == 2 and len({p["node"] for p in placed}) == 2, placed
         pods = deploy.job_pods(cluster, ns, name)
@@ -49,7 +55,7 @@ def test_tiny_dpo_job_trains_across_two_nodes_and_succeeds(deployed):
         header = table[0].split()
         assert header[:6] == ["NAME", "PHASE", "ALGORITHM", "GPUS", "STEP", "TOKENS/S"], table
         row = dict(zip(header, table[1].split(), strict=True))
-        assert row["PHASE"] == "Succeeded" and row["ALGORITHM"] == "dpo" and row["GPUS"] == "2", table
+        assert row["PHASE"] == "Succeeded" and row["ALGORITHM"] == "dpo" and row["GPUS"] == "4", table
         assert row["STEP"] == str(steps), table
         assert re.fullmatch(r"[0-9.]+(e[+-]?[0-9]+)?", row["TOKENS/S"]) and float(row["TOKENS/S"]) > 0, table
 

@@ -183,6 +183,7 @@ def test_operator_deployment_is_a_single_restricted_recreated_pod():
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8081, "metrics": 8080}
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["enableServiceLinks"] is False  # else RLKUBE_METRICS_PORT=tcp://... from the Service
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False

@@ -124,7 +124,7 @@ def test_sigkill_at_random_points_loses_nothing_and_converges(control_plane, tmp
                     return False
             return True
 
-        wait_until("every job Running on its current attempt", all_running, 90, interval=0.5,
+        wait_until("every job Running on its current attempt", all_running, 240, interval=0.5,
                    diagnose=lambda: env.diagnose(*JOBS) + "\n" + operator.tail(80))
         converge_seconds = time.monotonic() - started
         for pod in env.pods():

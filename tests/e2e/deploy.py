@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from tests.cluster import bins, images
+from tests.sections import with_sections
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rlkube"
@@ -127,11 +128,7 @@ def job_manifest(name: str, namespace: str, example: str = "dpo-tiny-cpu.yaml", 
     """
     job = yaml.safe_load((EXAMPLES / example).read_text())
     job["metadata"] = {"name": name, "namespace": namespace}
-    for key, value in spec.items():
-        if isinstance(value, dict) and isinstance(job["spec"].get(key), dict):
-            job["spec"][key] = {**job["spec"][key], **value}
-        else:
-            job["spec"][key] = value
+    job["spec"] = with_sections(job["spec"], spec)
     return job
 
 

@@ -318,8 +318,9 @@ class Operator:
     """`python -m rlkube.operator` against the test cluster, scoped to one namespace."""
 
     def __init__(self, env: Env, log_dir: Path, identity: str | None = None, extra: list[str] | None = None,
-                 fast: bool = True, kubeconfig: str | None = None) -> None:
+                 fast: bool = True, kubeconfig: str | None = None, environ: dict[str, str] | None = None) -> None:
         self.env = env
+        self.environ = environ or {}  # extra environment (the chart's POD_NAME, POD_UID, ...)
         self.kubeconfig = kubeconfig or env.kubeconfig
         self.fast = fast  # short resync and backoff for tests; False: the operator's defaults
         self.log_dir = log_dir
@@ -344,7 +345,7 @@ class Operator:
                "--unschedulable-retry-seconds", "2", "--log-level", "DEBUG"] if self.fast else []),
             *self.extra,
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **self.environ}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w")  # noqa: SIM115 (handed to the child)
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)

@@ -1,6 +1,6 @@
 """Leader election: of two operator replicas only the Lease holder acts; when it is killed the
 standby takes over once the lease expires, and a replica restarted with its old identity takes
-its lease back at once."""
+its lease back at once; the Lease is owned by the holder's Pod, so it goes when that pod goes."""
 
 from __future__ import annotations
 
@@ -69,4 +69,31 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(control_plane, tmp_
         first.kill()
         second.kill()
         kubelet.stop()
+        env.teardown()
+
+
+def test_the_lease_is_owned_by_the_holders_pod_and_collected_with_it(control_plane, tmp_path):
+    """What `helm uninstall` relies on: no operator pod left, no Lease left (the garbage collector
+    deletes it), whatever order Helm deletes the operator's RBAC and Deployment in."""
+    env = Env(control_plane.kubeconfig, control_plane.kubectl, prefix="own")
+    env.create_namespace()
+    # The operator's own Pod object, as the chart's Deployment would create it (never scheduled here).
+    pod = env.api.request("POST", f"/api/v1/namespaces/{env.namespace}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rlkube-operator-0"},
+        "spec": {"containers": [{"name": "operator", "image": "localhost/rlkube/operator:dev"}]}})
+    uid = pod["metadata"]["uid"]
+    op = Operator(env, tmp_path, identity="rlkube-operator-0",
+                  environ={"POD_NAME": "rlkube-operator-0", "POD_UID": uid})
+    try:
+        op.start().wait_ready()
+        lease = env.api.get_lease(env.namespace, "rlkube-operator")
+        assert lease["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Pod", "name": "rlkube-operator-0", "uid": uid}]
+        op.stop()
+        env.api.request("DELETE", f"/api/v1/namespaces/{env.namespace}/pods/rlkube-operator-0",
+                        query={"gracePeriodSeconds": "0"})
+        wait_until("the garbage collector to delete the Lease",
+                   lambda: env.api.get_lease(env.namespace, "rlkube-operator") is None, 90)
+    finally:
+        op.kill()
         env.teardown()

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from tests.sections import with_sections
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 EVERY = 4
@@ -36,12 +38,7 @@ def tiny_config(tmp: Path, **sections) -> dict:
         "progressPort": 0,
         "outputDir": str(tmp / "out"),
     }
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
-            cfg[key] = {**cfg[key], **value}
-        else:
-            cfg[key] = value
-    return cfg
+    return with_sections(cfg, sections)
 
 
 def write_config(tmp: Path, cfg: dict) -> Path:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.sections import with_sections
+
 TINY_MODEL = {
     "model_type": "qwen2", "vocab_size": 259, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -29,9 +31,4 @@ def rl_config(tmp: Path, algorithm: str, **sections) -> dict:
         "progressPort": 0,
         "outputDir": str(tmp / "out"),
     }
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
-            cfg[key] = {**cfg[key], **value}
-        else:
-            cfg[key] = value
-    return cfg
+    return with_sections(cfg, sections)

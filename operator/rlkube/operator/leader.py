@@ -8,6 +8,10 @@ The leader renews every `retry_seconds`; if it cannot renew for `renew_deadline_
 (< lease_seconds) it stops acting at once: `on_lost` exits the process, and the Deployment
 restarts it as a standby. A restarted process with the same identity (the same pod) takes its
 lease back immediately instead of waiting for it to expire.
+
+The holder names its own Pod as the Lease's owner (`owner`, an ownerReference), so the garbage
+collector deletes the Lease once no operator pod holds it: `helm uninstall` leaves no Lease behind,
+even when the chart's RBAC is gone before the terminating operator could delete it itself.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class LeaderElector:
     lease_seconds: int = 15
     renew_deadline_seconds: float = 10.0
     retry_seconds: float = 2.0
+    owner: dict | None = None  # ownerReference of the holder's Pod (see the module docstring)
     _observed: tuple | None = field(default=None, init=False)
     _observed_at: float = field(default=0.0, init=False)
     _last_renew: float = field(default=0.0, init=False)
@@ -56,7 +61,7 @@ class LeaderElector:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": {"name": self.name, "namespace": self.namespace, **self._owned()},
                 "spec": {**spec_new, "acquireTime": _micro_time(now), "leaseTransitions": 0},
             }
             try:
@@ -82,12 +87,16 @@ class LeaderElector:
             "acquireTime": spec.get("acquireTime") if holder == self.identity else _micro_time(now),
             "leaseTransitions": transitions if holder == self.identity else transitions + 1,
         }
+        lease["metadata"].update(self._owned())
         try:
             self.api.replace_lease(self.namespace, lease)
         except Conflict:
             return False
         self._held()
         return True
+
+    def _owned(self) -> dict:
+        return {"ownerReferences": [self.owner]} if self.owner else {}
 
     def _held(self) -> None:
         self._last_renew = time.monotonic()

@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def pod_owner() -> dict | None:
+    """An ownerReference to this operator's Pod (the chart passes POD_NAME and POD_UID), else None."""
+    name, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid} if name and uid else None
+
+
 def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
@@ -87,7 +93,8 @@ def run(argv: list[str] | None = None) -> int:
     elector = None
     if not args.no_leader_election:
         lease_ns = args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
-        elector = LeaderElector(api, lease_ns, args.identity or default_identity(), name=args.lease_name)
+        elector = LeaderElector(api, lease_ns, args.identity or default_identity(), name=args.lease_name,
+                                owner=pod_owner())
         elector.acquire()
 
         def lost() -> None:

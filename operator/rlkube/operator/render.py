@@ -18,7 +18,7 @@ user's nodeSelector and tolerations; `nvidia.com/gpu` requests and limits equal 
 the torch.distributed and rlkube env of the operator->runtime contract; probes on /healthz;
 `/dev/shm` as a memory emptyDir (NCCL and DataLoader workers need more than the 64 MiB default);
 a checkpoint volume (the PVC of `checkpoint.volumeClaim`, else a hostPath per node under
-/var/lib/rlkube/<namespace>/<job>, so a gang restarted on the same nodes resumes); restartPolicy
+/var/lib/rlkube/<namespace>/<job>-<uid>, so a gang restarted on the same nodes resumes); restartPolicy
 Never (the operator restarts whole gangs); and a restricted security context (non-root 1000, no
 privilege escalation, seccomp RuntimeDefault, all capabilities dropped) unless the spec's
 securityContext overrides the user, group or non-root setting.
@@ -112,7 +112,10 @@ def uses_gang_gate(job: JobRef, spec: RLTrainingJobSpec) -> bool:
 
 
 def checkpoint_host_path(job: JobRef) -> str:
-    return f"{HOST_CHECKPOINT_ROOT}/{job.namespace}/{job.name}"
+    """The node directory of a job's checkpoints. The UID is part of it: a job deleted and
+    re-created under the same name is a new run and must not resume the old run's checkpoint,
+    while a gang restart of the same job (same UID) finds its own."""
+    return f"{HOST_CHECKPOINT_ROOT}/{job.namespace}/{job.name}-{job.uid}"
 
 
 # -- objects ----------------------------------------------------------------------------------

@@ -327,7 +327,8 @@ class CheckpointSpec(Spec):
         max_length=MAX_NAME_LEN,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="PersistentVolumeClaim mounted at dir (shared by all pods). Unset: a hostPath "
-        "per node under /var/lib/rlkube, so a restarted gang on the same nodes resumes.",
+        "per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a restarted gang on the same nodes "
+        "resumes and a re-created job starts fresh.",
     )
 
 

@@ -80,6 +80,9 @@ def init_from_env(device_map: dict[str, list[int]] | None = None) -> DistContext
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     kwargs = {"device_id": device} if backend == "nccl" else {}
+    # Said before the wait, so a gang stuck in its rendezvous shows where it is waiting.
+    log.info("distributed: rank %d/%d joining %s:%s (%s)", rank, world, os.environ["MASTER_ADDR"],
+             os.environ["MASTER_PORT"], backend)
     tdist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=START_TIMEOUT, **kwargs)
     ctx.backend, ctx.initialized = backend, True
     # new_group must be called by every rank, for every group, in the same order.

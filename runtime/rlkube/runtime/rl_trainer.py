@@ -47,22 +47,22 @@ import torch.distributed as tdist
 from .advantages import gae, whiten
 from .checkpoint import Checkpointer
 from .config import RuntimeConfig
-from .distributed import DistContext, all_reduce_max, all_reduce_sum, init_from_env, shutdown, tighten_timeout
-from .errors import ConfigError, NonFiniteLoss, Terminated
+from .distributed import DistContext, all_reduce_max, all_reduce_sum, init_from_env, shutdown
+from .errors import ConfigError, NonFiniteLoss
 from .generation import SamplingParams
 from .grpo import fraction_of_groups_with_signal, group_layout, grpo_advantages
 from .hybrid_engine import HybridEngine
 from .log import emit, log, setup_logging
+from .loop import run_steps
 from .metrics import FlopModel, GpuMonitor, peak_flops
 from .models import build_causal_lm, shard
 from .policy import PolicyModel
 from .ppo import actor_loss, shaped_rewards, value_loss
-from .progress import Progress, ProgressServer
 from .prompts import PromptData, left_padded, load_prompt_data
 from .rewards import build_reward_model, load_reward_function, score_with_function
 from .sampler import StepSampler
 from .tokenizer import load_tokenizer
-from .trainer import TrainerHooks, _SigtermFlag, learning_rate
+from .trainer import TrainerHooks, learning_rate
 
 PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens
 
@@ -565,60 +565,29 @@ class RLTrainer:
         return keys
 
     def train(self) -> RLResult:
-        cfg, ctx = self.config, self.ctx
-        total = cfg.training.steps
-        progress = Progress(total) if ctx.is_main else None
-        server = None
-        if cfg.progress_port:
-            try:
-                server = ProgressServer(progress, cfg.progress_port)
-            except OSError as e:
-                log.warning("progress server: cannot listen on port %d (%s); not serving", cfg.progress_port, e)
-        sigterm = _SigtermFlag()
-        sigterm.install()
-        tighten_timeout(ctx)
+        ctx = self.ctx
         result = RLResult(steps_run=0, first_step=self.start_step + 1)
-        if ctx.is_main:
-            emit({"event": "start", "algorithm": self.algorithm, "attention": self.attention,
-                  "worldSize": ctx.world_size, "deviceMap": self.ranks, "startStep": self.start_step,
-                  "totalSteps": total, "prompts": len(self.data), "rowsPerStep": self.rows,
-                  "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
-                  "peakSource": self.peak_source, "hybridEngineSharded": bool(self.engine and self.engine.sharded)})
-        if progress is not None:
-            progress.update(phase="training", step=self.start_step)
-        try:
-            for step in range(self.start_step, total):
-                rec = self.step(step)
-                result.steps_run += 1
-                result.reward_means.append(rec["rewardMean"])
-                result.losses.append(rec["loss"])
-                result.records.append(rec)
-                done = step + 1
-                if progress is not None:
-                    progress.update(
-                        tokens=rec["tokens"], step=done, loss=rec["loss"], tokensPerSecond=rec["tokensPerSecond"],
-                        mfu=rec["mfu"], gpuUtilization=rec["gpuUtilization"], rewardMean=rec["rewardMean"],
-                        extra={k: rec[k] for k in ("generationTokensPerSecond", "trainingTokensPerSecond",
-                                                   "reshardSeconds", "scoringSeconds", "generationSeconds",
-                                                   "trainingSeconds") if isinstance(rec.get(k), (int, float))},
-                    )
-                if ctx.is_main:
-                    emit(rec)
-                stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0
-                if done % cfg.checkpoint.every_steps == 0 or done == total or stop:
-                    self.save(done)
-                if stop:
-                    raise Terminated(done)
-            if progress is not None:
-                progress.update(phase="succeeded")
-        except NonFiniteLoss:
-            if progress is not None:
-                progress.update(phase="failed")
-            raise
-        finally:
-            sigterm.restore()
-            if server is not None:
-                server.stop()
+
+        def one_step(i: int) -> dict:
+            rec = self.step(i)
+            result.steps_run += 1
+            result.reward_means.append(rec["rewardMean"])
+            result.losses.append(rec["loss"])
+            result.records.append(rec)
+            return rec
+
+        def shown(rec: dict) -> dict:
+            timings = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSeconds", "scoringSeconds",
+                       "generationSeconds", "trainingSeconds")
+            return {"rewardMean": rec["rewardMean"],
+                    "extra": {k: rec[k] for k in timings if isinstance(rec.get(k), (int, float))}}
+
+        start = {"event": "start", "algorithm": self.algorithm, "attention": self.attention,
+                 "worldSize": ctx.world_size, "deviceMap": self.ranks, "startStep": self.start_step,
+                 "totalSteps": self.config.training.steps, "prompts": len(self.data), "rowsPerStep": self.rows,
+                 "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
+                 "peakSource": self.peak_source, "hybridEngineSharded": bool(self.engine and self.engine.sharded)}
+        run_steps(self.config, ctx, self.start_step, start, one_step, self.save, shown)
         return result
 
     def save(self, step: int) -> None:

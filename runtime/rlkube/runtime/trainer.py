@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import math
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -45,17 +44,16 @@ from .distributed import (
     all_reduce_sum,
     init_from_env,
     shutdown,
-    tighten_timeout,
 )
 from .dpo import PairLogps, pair_loss, pair_stats
-from .errors import ConfigError, NonFiniteLoss, Terminated
+from .errors import ConfigError, NonFiniteLoss
 from .log import emit, log, setup_logging, warn_once
 from .logprobs import SequenceLogprobs
+from .loop import run_steps
 from .metrics import FlopModel, GpuMonitor, peak_flops
 from .models import build_causal_lm, frozen_copy, shard
 from .packing import TokenBatch, pack_pairs, pad_pairs
 from .prefetch import Prefetcher
-from .progress import Progress, ProgressServer
 from .sampler import StepSampler
 from .tokenizer import load_tokenizer
 
@@ -75,27 +73,6 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     accuracies: list[float] = field(default_factory=list)
     batcher_decisions: list[str] = field(default_factory=list)
-
-
-class _SigtermFlag:
-    """Set by SIGTERM; the loop checks it at step boundaries."""
-
-    def __init__(self) -> None:
-        self.set = False
-        self._old = None
-
-    def install(self) -> None:
-        try:
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread (tests calling train() from a thread)
-            self._old = None
-
-    def _handle(self, signum, frame) -> None:
-        self.set = True
-
-    def restore(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
 
 
 def sample_costs(data: PreferenceData) -> list[SampleCost]:
@@ -267,62 +244,31 @@ class DPOTrainer:
                 if self.ctx.device.type == "cuda":
                     torch.cuda.empty_cache()
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the loop (loop.py: endpoint, SIGTERM, checkpoint cadence, phases) ----------------
     def train(self) -> TrainResult:
-        cfg, ctx = self.config, self.ctx
-        total = cfg.training.steps
-        progress = Progress(total) if ctx.is_main else None
-        server = None
-        # one server per pod (pods have their own network namespace): rank 0 serves progress,
-        # the first process of every other pod serves /healthz only
-        if cfg.progress_port and ctx.local_rank == 0:
-            try:
-                server = ProgressServer(progress, cfg.progress_port)
-            except OSError as e:
-                log.warning("progress server: cannot listen on port %d (%s); not serving", cfg.progress_port, e)
-        sigterm = _SigtermFlag()
-        sigterm.install()
-        tighten_timeout(ctx)
+        ctx = self.ctx
         result = TrainResult(steps_run=0, first_step=self.start_step + 1)
+
+        def one_step(i: int) -> dict:
+            rec = self.step(i)
+            result.steps_run += 1
+            result.losses.append(rec["loss"])
+            result.accuracies.append(rec["accuracy"])
+            return rec
+
+        def shown(rec: dict) -> dict:
+            return {"rewardMean": rec["rewardChosen"],
+                    "extra": {"accuracy": rec["accuracy"], "reward_margin": rec["margin"],
+                              "token_budget": rec["tokenBudget"]}}
+
+        total = self.config.training.steps
         tty = ctx.is_main and sys.stderr.isatty()
-        if ctx.is_main:
-            emit({"event": "start", "attention": self.attention, "worldSize": ctx.world_size,
-                  "startStep": self.start_step, "totalSteps": total, "pairs": len(self.data),
-                  "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
-                  "peakSource": self.peak_source})
-        if progress is not None:
-            progress.update(phase="training", step=self.start_step)
-        try:
-            for step in range(self.start_step, total):
-                rec = self.step(step)
-                result.steps_run += 1
-                result.losses.append(rec["loss"])
-                result.accuracies.append(rec["accuracy"])
-                done = step + 1
-                if progress is not None:
-                    progress.update(
-                        tokens=rec["tokens"], step=done, loss=rec["loss"], tokensPerSecond=rec["tokensPerSecond"],
-                        mfu=rec["mfu"], gpuUtilization=rec["gpuUtilization"], rewardMean=rec["rewardChosen"],
-                        extra={"accuracy": rec["accuracy"], "reward_margin": rec["margin"],
-                               "token_budget": rec["tokenBudget"]},
-                    )
-                if ctx.is_main:
-                    _progress_bar(done, total, rec) if tty else emit(rec)
-                stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0
-                if done % cfg.checkpoint.every_steps == 0 or done == total or stop:
-                    self.save(done)
-                if stop:
-                    raise Terminated(done)
-            if progress is not None:
-                progress.update(phase="succeeded")
-        except NonFiniteLoss:
-            if progress is not None:
-                progress.update(phase="failed")
-            raise
-        finally:
-            sigterm.restore()
-            if server is not None:
-                server.stop()
+        start = {"event": "start", "attention": self.attention, "worldSize": ctx.world_size,
+                 "startStep": self.start_step, "totalSteps": total, "pairs": len(self.data),
+                 "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
+                 "peakSource": self.peak_source}
+        run_steps(self.config, ctx, self.start_step, start, one_step, self.save, shown,
+                  report=(lambda done, rec: _progress_bar(done, total, rec)) if tty else None)
         result.batcher_decisions = list(self.batcher.decisions)
         return result
 

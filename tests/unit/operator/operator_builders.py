@@ -11,6 +11,7 @@ from typing import Any
 from rlkube.operator import lifecycle
 from rlkube.operator.observed import JobView, pod_views
 from rlkube.operator.status import status_patch
+from tests.sections import with_sections
 
 T0 = dt.datetime(2026, 12, 2, 12, 0, 0, tzinfo=dt.timezone.utc)
 UID = "0000-job-uid"
@@ -38,12 +39,7 @@ def spec(algorithm: str = "ppo", gpus_per_pod: int = 1, **overrides: Any) -> dic
         "imagePullPolicy": "Never",
         "placement": {"gpusPerPod": gpus_per_pod},
     }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **copy.deepcopy(value)}
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+    return with_sections(out, overrides)
 
 
 def job(name: str = "tiny", status: dict | None = None, labels: dict | None = None, generation: int = 1,

@@ -28,9 +28,9 @@ def ppo_placement() -> Placement:
     )
 
 
-def objects(**overrides):
+def objects(job: JobRef = JOB, **overrides):
     s = parse_spec(spec("ppo", gpus_per_pod=2, **overrides))
-    return s, render.render(JOB, s, ppo_placement(), attempt=3)
+    return s, render.render(job, s, ppo_placement(), attempt=3)
 
 
 def env_of(pod: dict) -> dict[str, str]:
@@ -169,7 +169,10 @@ def test_volumes_shm_config_and_host_checkpoints():
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     assert vols["config"]["configMap"] == {"name": "tiny-config"}
-    assert vols["checkpoints"]["hostPath"] == {"path": "/var/lib/rlkube/team/tiny", "type": "DirectoryOrCreate"}
+    assert vols["checkpoints"]["hostPath"] == {"path": "/var/lib/rlkube/team/tiny-u-1", "type": "DirectoryOrCreate"}
+    # a job re-created under the same name (a new UID) starts fresh instead of resuming
+    _, again = objects(checkpoint={"dir": "/ckpt"}, job=JobRef(name="tiny", namespace="team", uid="u-2"))
+    assert {v["name"]: v for v in again[2]["spec"]["volumes"]}["checkpoints"]["hostPath"]["path"].endswith("tiny-u-2")
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts == {"config": "/etc/rlkube", "dshm": "/dev/shm", "checkpoints": "/ckpt"}
     (init,) = pod["initContainers"]  # hostPath is created root-owned: hand it to uid 1000

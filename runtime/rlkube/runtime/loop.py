@@ -1,0 +1,109 @@
+"""The loop every trainer runs around its own step (DPO in trainer.py, PPO/GRPO in rl_trainer.py).
+
+What it owns, so the trainers only say what a step is:
+- the HTTP endpoint (progress.py): one server per pod, on the pod's first process (pods have
+  their own network namespace; the operator's probes hit it). Rank 0 serves /progress and
+  /metrics, the first process of every other pod /healthz only;
+- SIGTERM: noted by a flag, agreed on by all ranks at the end of each step (so every rank stops
+  after the same step), then a checkpoint and `Terminated`;
+- the checkpoint cadence: every `checkpoint.everySteps`, and after the last step;
+- the phases the operator reads from /progress: training, succeeded, failed (non-finite loss).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from .config import RuntimeConfig
+from .distributed import DistContext, all_reduce_max, tighten_timeout
+from .errors import NonFiniteLoss, Terminated
+from .log import emit, log
+from .progress import Progress, ProgressServer
+
+
+class SigtermFlag:
+    """Set by SIGTERM; the loop checks it at step boundaries."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._old = None
+
+    def install(self) -> None:
+        try:
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (tests calling train() from a thread)
+            self._old = None
+
+    def _handle(self, signum, frame) -> None:
+        self.set = True
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | None) -> ProgressServer | None:
+    """The pod's HTTP endpoint, on its first process only (None elsewhere, or when it cannot listen)."""
+    if not cfg.progress_port or ctx.local_rank != 0:
+        return None
+    try:
+        return ProgressServer(progress, cfg.progress_port)
+    except OSError as e:
+        log.warning("progress server: cannot listen on port %d (%s); not serving", cfg.progress_port, e)
+        return None
+
+
+def run_steps(
+    cfg: RuntimeConfig,
+    ctx: DistContext,
+    start_step: int,
+    start_event: dict,
+    step: Callable[[int], dict],
+    save: Callable[[int], None],
+    progress_fields: Callable[[dict], dict],
+    report: Callable[[int, dict], None] | None = None,
+) -> None:
+    """Run steps `start_step` .. `training.steps - 1`.
+
+    `step(i)` trains step i and returns its record (an "event": "step" dict with at least
+    tokens, loss, mfu, tokensPerSecond and gpuUtilization, which /progress shows); `save(n)`
+    checkpoints after n steps (collective); `progress_fields(rec)` is what else /progress shows
+    of a record (rewardMean, extra); `report(n, rec)` prints it on rank 0 (default: a JSON line).
+    Raises Terminated after checkpointing when SIGTERM arrived, NonFiniteLoss from a step.
+    """
+    total = cfg.training.steps
+    progress = Progress(total) if ctx.is_main else None
+    server = serve_progress(cfg, ctx, progress)
+    sigterm = SigtermFlag()
+    sigterm.install()
+    tighten_timeout(ctx)
+    if ctx.is_main:
+        emit(start_event)
+    if progress is not None:
+        progress.update(phase="training", step=start_step)
+    try:
+        for i in range(start_step, total):
+            rec = step(i)
+            done = i + 1
+            if progress is not None:
+                progress.update(tokens=rec["tokens"], step=done, loss=rec["loss"], mfu=rec["mfu"],
+                                tokensPerSecond=rec["tokensPerSecond"], gpuUtilization=rec["gpuUtilization"],
+                                **progress_fields(rec))
+            if ctx.is_main:
+                report(done, rec) if report is not None else emit(rec)
+            stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0
+            if done % cfg.checkpoint.every_steps == 0 or done == total or stop:
+                save(done)
+            if stop:
+                raise Terminated(done)
+        if progress is not None:
+            progress.update(phase="succeeded")
+    except NonFiniteLoss:
+        if progress is not None:
+            progress.update(phase="failed")
+        raise
+    finally:
+        sigterm.restore()
+        if server is not None:
+            server.stop()

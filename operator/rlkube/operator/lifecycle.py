@@ -223,7 +223,9 @@ class _Decider:
             next_attempt_time=s.next_attempt_time,
             admission_time=s.admission_time,
         )
-        progress = self.progress if phase == "Running" else None
+        # A report counts while training runs and on the way to the end (the final report of
+        # the termination message); a restarting or suspended gang keeps its last one.
+        progress = self.progress if phase in ("Running", "Succeeded", "Failed") else None
         status = summarize(self.job, self.pods, progress, self.now, lifecycle, self._names())
         return Decision(
             status=status,

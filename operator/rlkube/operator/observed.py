@@ -9,6 +9,7 @@ small builders, so every rule is checked without a cluster.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,9 @@ class PodView:
     stuck: bool                # the trainer waits on something that will not resolve by itself
     pod_ip: str | None
     raw: Mapping[str, Any]
+    # The trainer's last /progress report, from its termination message (rank 0 writes it as
+    # {"progress": {...}} when training ends); None when it left none.
+    final_progress: Mapping[str, Any] | None = None
 
     @property
     def gated(self) -> bool:
@@ -109,11 +113,13 @@ class PodView:
         terminated = state.get("terminated")
         waiting = state.get("waiting")
         exit_code = _int_or_none(terminated.get("exitCode")) if terminated else None
+        final_progress = _final_progress(terminated.get("message")) if terminated else None
         reason = status.get("reason") or ""
         message = status.get("message") or ""
         if not reason and terminated:
             reason = terminated.get("reason") or ""
-            message = message or terminated.get("message") or ""
+            if final_progress is None:  # a report is data, not a message for people
+                message = message or terminated.get("message") or ""
         if not reason and waiting:
             reason = waiting.get("reason") or ""
             message = message or waiting.get("message") or ""
@@ -138,7 +144,20 @@ class PodView:
             stuck=bool(waiting) and (waiting.get("reason") or "") in STUCK_WAITING_REASONS,
             pod_ip=status.get("podIP") or None,
             raw=obj,
+            final_progress=final_progress,
         )
+
+
+def _final_progress(message: str | None) -> Mapping[str, Any] | None:
+    """The report in a trainer's termination message `{"progress": {...}}`, else None."""
+    if not message or not message.lstrip().startswith("{"):
+        return None
+    try:
+        body = json.loads(message)
+    except ValueError:
+        return None
+    report = body.get("progress") if isinstance(body, dict) else None
+    return report if isinstance(report, dict) else None
 
 
 def pod_views(objs: list[Mapping[str, Any]]) -> list[PodView]:

@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlkube.operator import render
@@ -36,6 +36,20 @@ logger = logging.getLogger("rlkube.operator")
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+
+def final_report(job: JobView, pods: list) -> Mapping[str, Any] | None:
+    """The report rank 0 of the current attempt left when it ended (its termination message).
+
+    Read on every reconcile while the job is not yet terminal: no network, and it is the only
+    report of a run that ended between two polls. Once the job is terminal it is not read again,
+    so a finished job's status is not rewritten on every resync."""
+    if job.status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    attempt = int(job.status.get("attempt") or 0)
+    rank0 = next((p for p in pods if p.index == 0 and p.attempt == attempt), None)
+    return rank0.final_progress if rank0 is not None else None
 
 
 class InventoryCache:
@@ -134,7 +148,7 @@ class Reconciler:
                 return None
             objs = [p for p in self.api.list_pods(namespace, f"{LABEL_JOB}={name}") if owned_by(p, job.ref.uid)]
             pods = pod_views(objs)
-            report = self._poll(job, pods) if poll_progress else None
+            report = (self._poll(job, pods) if poll_progress else None) or final_report(job, pods)
             now = self.clock()
             decision = decide(job, pods, now, None, report, self.settings)
             if not decision.need_cluster:
@@ -163,6 +177,7 @@ class Reconciler:
             self.metrics.observe_reconcile(action, time.monotonic() - started)
 
     def _poll(self, job: JobView, pods: list) -> dict | None:
+        """A fresh /progress report of the current attempt's rank 0, while it runs."""
         if job.status.get("phase") != "Running" or job.spec is None:
             return None
         rank0 = next((p for p in pods if p.index == 0 and p.attempt == int(job.status.get("attempt") or 0)), None)

@@ -247,8 +247,10 @@ def _probes(port: int) -> dict:
         }
 
     return {
-        # Loading a model and starting NCCL may take minutes; liveness only starts after this.
-        "startupProbe": probe(10, 60),
+        # The trainer answers /healthz within its first second or two (before importing torch),
+        # so a short period makes the pod Started early; loading a model and starting NCCL may
+        # take minutes, which the failure budget (10 min) covers. Liveness starts after this.
+        "startupProbe": probe(2, 300),
         "livenessProbe": probe(20, 6),
         "readinessProbe": probe(10, 3),
     }

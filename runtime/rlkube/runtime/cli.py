@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     from .launch import launch_mode, spawn_workers
+    from .progress import serve_health_early
 
     if launch_mode(dict(os.environ)) == "spawn":
         return spawn_workers(ns.config)
+    # /healthz answers from here on, before torch is even imported (progress.py).
+    serve_health_early(config.progress_port)
     return run_in_process(config)

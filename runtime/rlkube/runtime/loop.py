@@ -7,7 +7,8 @@ What it owns, so the trainers only say what a step is:
 - SIGTERM: noted by a flag, agreed on by all ranks at the end of each step (so every rank stops
   after the same step), then a checkpoint and `Terminated`;
 - the checkpoint cadence: every `checkpoint.everySteps`, and after the last step;
-- the phases the operator reads from /progress: training, succeeded, failed (non-finite loss).
+- the phases the operator reads from /progress: training, succeeded, failed (non-finite loss),
+  and the last report as the container's termination message when the loop ends.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .config import RuntimeConfig
 from .distributed import DistContext, all_reduce_max, tighten_timeout
 from .errors import NonFiniteLoss, Terminated
 from .log import emit, log
-from .progress import Progress, ProgressServer
+from .progress import Progress, ProgressServer, adopt_early_server, write_termination_message
 
 
 class SigtermFlag:
@@ -47,6 +48,10 @@ def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | No
     """The pod's HTTP endpoint, on its first process only (None elsewhere, or when it cannot listen)."""
     if not cfg.progress_port or ctx.local_rank != 0:
         return None
+    early = adopt_early_server()
+    if early is not None:
+        early.attach(progress)
+        return early
     try:
         return ProgressServer(progress, cfg.progress_port)
     except OSError as e:
@@ -105,5 +110,7 @@ def run_steps(
         raise
     finally:
         sigterm.restore()
+        if progress is not None:
+            write_termination_message(progress)
         if server is not None:
             server.stop()

@@ -4,17 +4,28 @@ The operator polls /progress on a timer and writes status.progress; Prometheus s
 /metrics. Other ranks serve /healthz only, on the same port. The server is the standard
 library's ThreadingHTTPServer on a daemon thread: the training loop only updates a
 `Progress` object under a lock, it never waits for a client.
+
+When training ends (finished, stopped or failed) rank 0 also writes its last report as the
+container's termination message (`{"progress": {...}}` in /dev/termination-log, which the
+kubelet copies into the pod's status). The operator reads it from there, so a run that ends
+between two polls, or before the first, still leaves its final step and throughput in
+`status.progress`.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+# Where the kubelet reads a container's termination message (the pod spec's default path).
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of it
 FIELDS = ("phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization", "loss", "rewardMean")
 
 
@@ -59,42 +70,96 @@ class Progress:
             return dict(self._state)
 
 
-def _handler(progress: Progress | None):
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                self._send(200, b"ok", "text/plain")
-            elif path == "/progress" and progress is not None:
-                self._send(200, json.dumps(progress.snapshot()).encode(), "application/json")
-            elif path == "/metrics" and progress is not None:
-                self._send(200, generate_latest(progress.registry), CONTENT_TYPE_LATEST)
-            else:
-                self._send(404, b"not found", "text/plain")
+def write_termination_message(progress: Progress, path: str | None = None) -> bool:
+    """Leave `progress`'s last report as the termination message; False where there is none.
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    The path is $RLKUBE_TERMINATION_LOG, else /dev/termination-log when it exists (the kubelet
+    creates it in every container; a workstation has none, and nothing is written there).
+    """
+    path = path or os.environ.get("RLKUBE_TERMINATION_LOG") or TERMINATION_LOG
+    if path == TERMINATION_LOG and not os.path.exists(path):
+        return False
+    # A non-finite loss (the run that failed for it) is no JSON number: it is left out.
+    report = {k: v for k, v in progress.snapshot().items() if not (isinstance(v, float) and not math.isfinite(v))}
+    body = json.dumps({"progress": report}, separators=(",", ":"), default=str)
+    if len(body) > TERMINATION_LOG_MAX_BYTES:  # cannot happen with FIELDS, but never write a cut JSON
+        return False
+    try:
+        with open(path, "w") as f:
+            f.write(body)
+    except OSError:
+        return False
+    return True
 
-        def log_message(self, *args) -> None:  # polled every few seconds: keep the logs clean
-            pass
 
-    return Handler
+class _Handler(BaseHTTPRequestHandler):
+    """Reads the server's current `progress` (None: /healthz only) on every request."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path = self.path.split("?", 1)[0]
+        progress = self.server.progress  # type: ignore[attr-defined]
+        if path == "/healthz":
+            self._send(200, b"ok", "text/plain")
+        elif path == "/progress" and progress is not None:
+            self._send(200, json.dumps(progress.snapshot()).encode(), "application/json")
+        elif path == "/metrics" and progress is not None:
+            self._send(200, generate_latest(progress.registry), CONTENT_TYPE_LATEST)
+        else:
+            self._send(404, b"not found", "text/plain")
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:  # polled every few seconds: keep the logs clean
+        pass
 
 
 class ProgressServer:
-    """Serves `progress` (or /healthz only, when None) on `port` until stopped."""
+    """Serves `progress` (or /healthz only, when None) on `port` until stopped.
+
+    A pod's first process starts one before its slow start-up (importing torch, the rendezvous,
+    building the model: `serve_health_early`), so the kubelet's probes find it alive from the
+    first seconds; the training loop then `attach`es its Progress to that same server.
+    """
 
     def __init__(self, progress: Progress | None, port: int, host: str = "0.0.0.0") -> None:
-        self.httpd = ThreadingHTTPServer((host, port), _handler(progress))
+        self.httpd = ThreadingHTTPServer((host, port), _Handler)
+        self.httpd.progress = progress  # type: ignore[attr-defined]
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="rlkube-progress", daemon=True)
         self.thread.start()
 
+    def attach(self, progress: Progress | None) -> None:
+        self.httpd.progress = progress  # type: ignore[attr-defined]
+
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# The server `serve_health_early` started in this process, for the training loop to adopt.
+_early: ProgressServer | None = None
+
+
+def serve_health_early(port: int) -> ProgressServer | None:
+    """Start this process's /healthz now (the pod's first process only: LOCAL_RANK 0)."""
+    global _early
+    if not port or os.environ.get("LOCAL_RANK", "0") not in ("", "0") or _early is not None:
+        return _early
+    try:
+        _early = ProgressServer(None, port)
+    except OSError:
+        _early = None  # the loop tries again and says why
+    return _early
+
+
+def adopt_early_server() -> ProgressServer | None:
+    """The early server, handed over once (the loop stops it when training ends)."""
+    global _early
+    server, _early = _early, None
+    return server

@@ -10,6 +10,7 @@ from typing import Any
 
 from rlkube.operator import lifecycle
 from rlkube.operator.observed import JobView, pod_views
+from rlkube.operator.reconcile import final_report
 from rlkube.operator.status import status_patch
 from tests.sections import with_sections
 
@@ -71,7 +72,7 @@ def cluster(nodes: list[dict], pods: list[dict] = (), job_spec: Any = None) -> l
 
 def with_status(pod: dict, phase: str, *, node_name: str | None = None, exit_code: int | None = None,
                 ready: bool | None = None, reason: str | None = None, disrupted: bool = False,
-                ip: str | None = None) -> dict:
+                ip: str | None = None, message: str | None = None) -> dict:
     """A copy of `pod` as a kubelet would report it."""
     pod = {**pod, "metadata": copy.deepcopy(pod["metadata"]), "spec": {**pod["spec"]}}  # spec is shared below
     if node_name:
@@ -85,7 +86,8 @@ def with_status(pod: dict, phase: str, *, node_name: str | None = None, exit_cod
     if reason:
         status["reason"] = reason
     if exit_code is not None:
-        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}]
+        terminated = {"exitCode": exit_code, **({"message": message} if message is not None else {})}
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
     elif phase == "Running":
         status["containerStatuses"] = [{"name": "trainer", "state": {"running": {}}}]
     if ip:
@@ -116,6 +118,7 @@ class World:
         the decision's API calls (deletes, creates, ungates, in the reconciler's order)."""
         view = self.view()
         pods = pod_views(list(self.pods.values()))
+        progress = progress or final_report(view, pods)  # as the Reconciler does
         decision = lifecycle.decide(view, pods, now, None, progress, self.settings)
         if decision.need_cluster:
             bound = [p for p in [*self.pods.values(), *self.other_pods] if p["spec"].get("nodeName")]

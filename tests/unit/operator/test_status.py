@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from operator_builders import World, at, job, node, with_status
 
@@ -189,6 +191,25 @@ def test_progress_is_recorded_while_running():
     assert w.status["progress"]["step"] == 7
     w.step(at(11))
     assert w.status["progress"]["step"] == 7  # kept between polls
+
+
+def test_a_run_that_ends_between_polls_leaves_its_final_report_in_the_status():
+    """Rank 0 writes its last report as the termination message; it lands in status.progress
+    with the Succeeded phase, once: later resyncs of the finished job write nothing."""
+    w = running_world()
+    w.step(at(10), progress={"step": 7, "totalSteps": 30, "loss": 0.5})
+    final = json.dumps({"progress": {"phase": "succeeded", "step": 30, "totalSteps": 30, "loss": 0.1,
+                                     "tokensPerSecond": 1234.5}})
+    for i, name in enumerate(sorted(w.pods)):
+        w.set_pod(name, "Succeeded", exit_code=0, message=final if i == 0 else "")
+    w.step(at(12))
+    assert w.status["phase"] == "Succeeded"
+    assert w.status["progress"]["step"] == 30 and w.status["progress"]["tokensPerSecond"] == 1234.5
+    writes = w.writes
+    w.step(at(60))
+    assert w.writes == writes  # the finished job's status is not rewritten on resync
+    # A report is data: it does not become the pod's message in conditions.
+    assert all("progress" not in (c.get("message") or "") for c in w.status["conditions"])
 
 
 @pytest.mark.parametrize("code, phase, reason", [(3, "Failed", "ExitCode"), (4, "Failed", "ExitCode"),

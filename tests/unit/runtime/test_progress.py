@@ -1,11 +1,12 @@
 """Rank 0's /progress, /metrics and /healthz over real HTTP on loopback."""
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
 
-from rlkube.runtime.progress import FIELDS, Progress, ProgressServer
+from rlkube.runtime.progress import FIELDS, Progress, ProgressServer, write_termination_message
 
 
 def get(port, path):
@@ -46,3 +47,44 @@ def test_other_ranks_serve_only_healthz():
 def test_unknown_field_is_an_error():
     with pytest.raises(KeyError):
         Progress(1).update(lossy=1.0)
+
+
+def test_last_report_is_left_as_the_termination_message(tmp_path, monkeypatch):
+    p = Progress(total_steps=30)
+    p.update(phase="failed", step=7, loss=float("nan"), tokensPerSecond=12.5)
+    path = tmp_path / "termination-log"
+    assert write_termination_message(p, str(path))
+    report = json.loads(path.read_text())["progress"]
+    assert report["step"] == 7 and report["totalSteps"] == 30 and report["phase"] == "failed"
+    assert report["tokensPerSecond"] == 12.5 and "loss" not in report  # NaN is no JSON number
+    # The environment names the file; without it, only a kubelet-made /dev/termination-log is used.
+    monkeypatch.setenv("RLKUBE_TERMINATION_LOG", str(tmp_path / "other"))
+    assert write_termination_message(p) and (tmp_path / "other").exists()
+
+
+def test_health_is_served_early_and_the_loop_adopts_the_same_server(monkeypatch):
+    """The pod's first process answers /healthz before its slow start-up; the training loop
+    then attaches its Progress to that server instead of binding the port a second time."""
+    import socket
+
+    from rlkube.runtime import progress as progress_mod
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert progress_mod.serve_health_early(port) is None  # not the pod's first process
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    early = progress_mod.serve_health_early(port)
+    try:
+        assert early is not None and get(port, "/healthz") == (200, "ok")
+        with pytest.raises(urllib.error.HTTPError):
+            get(port, "/progress")  # nothing to report yet
+        adopted = progress_mod.adopt_early_server()
+        assert adopted is early and progress_mod.adopt_early_server() is None  # handed over once
+        p = Progress(total_steps=3)
+        p.update(step=2)
+        adopted.attach(p)
+        assert json.loads(get(port, "/progress")[1])["step"] == 2
+    finally:
+        early.stop()

@@ -13,7 +13,7 @@ WHEELS     := $(CACHE)/wheels
 TORCH_VERSION ?= 2.11.0
 PYTEST     := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup lint unit crds crds-check integration e2e e2e-training test demo cluster-up cluster-down clean
+.PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
 .PHONY: runtime-tests
@@ -70,20 +70,11 @@ chart-lint: setup
 integration: setup
 	@if ls tests/integration/test_*.py >/dev/null 2>&1; then $(PYTEST) tests/integration -q; else echo "integration: no tests yet"; fi
 
-# Real nodes and pods: the chart installed by Helm, the tiny DPO job on CPU stubs (tests/e2e,
-# docs/demo.md). The operator and runtime images are built on first use, cached by input hash.
-# `make e2e` (part of `make test`) runs the e2e tests that have passed on this project's machines:
-# the cluster smoke test and the chart install (PSS restricted, RBAC allowlist, bad manifests).
-# `make e2e-training` runs the training e2e tests (tiny DPO job to Succeeded, kill/resume,
-# suspend, helm upgrade, uninstall); they have not yet passed end to end (docs/demo.md), so
-# they are kept out of CI until they do.
-E2E_VERIFIED := tests/e2e/test_cluster_smoke.py tests/e2e/test_operator_install.py
-E2E_TRAINING := tests/e2e/test_dpo_job.py tests/e2e/test_resilience.py tests/e2e/test_uninstall.py
+# Real nodes and pods: the chart installed by Helm, the tiny DPO, GRPO and PPO jobs on CPU stubs,
+# kill/resume, suspend/resume, helm upgrade and uninstall (tests/e2e, docs/demo.md). The operator
+# and runtime images are built on first use, cached by input hash.
 e2e: setup
-	$(PYTEST) $(E2E_VERIFIED) -q --timeout=1800
-
-e2e-training: setup
-	$(PYTEST) $(E2E_TRAINING) -q --timeout=1800
+	$(PYTEST) tests/e2e -q --timeout=1800
 
 # Real local cluster from official sources (tests/cluster, docs/cluster.md). CLUSTER_MODE=full
 # (two kubelet nodes, DNS, fake GPUs) or control-plane (etcd, apiserver, controllers only).

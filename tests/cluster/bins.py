@@ -3,10 +3,10 @@
 Kubernetes, etcd, helm and kwok are built from wrapper Go modules under `tests/cluster/go/`
 by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
 RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
-bumping a pin in a go.mod is the whole upgrade. etcd is Debian's `etcd-server` (3.4.23) when
-it is installed: the 1.34 apiserver passes /readyz on it and the harness's tests pass, though
-Kubernetes documents 3.4.29+ for 1.31+ (health-check endpoints). RLKUBE_ETCD=build uses etcd
-v3.6 built from go.etcd.io/etcd/server/v3 instead, and it is used when Debian's is absent.
+bumping a pin in a go.mod is the whole upgrade. etcd is v3.6 built from
+go.etcd.io/etcd/server/v3. Debian's `etcd-server` (3.4.23) can be chosen with RLKUBE_ETCD=system,
+but the 1.34 apiserver's watch cache falls behind it ("Too large resource version" on lists,
+seen here): requests stalled for 30 s while the e2e tests ran, and the operator lost its lease.
 """
 
 from __future__ import annotations
@@ -71,9 +71,11 @@ def build(*components: str) -> None:
 
 
 def etcd() -> Path:
-    """etcd: the system's (Debian etcd-server) if installed, else the pinned build."""
-    system = shutil.which("etcd")
-    if system and os.environ.get("RLKUBE_ETCD") != "build":
+    """etcd: the pinned build (v3.6), or the system's with RLKUBE_ETCD=system (see the docstring)."""
+    if os.environ.get("RLKUBE_ETCD") == "system":
+        system = shutil.which("etcd")
+        if system is None:
+            raise MissingBinary("RLKUBE_ETCD=system but there is no etcd on PATH (Debian: etcd-server)")
         return Path(system)
     return path("etcd")
 

@@ -167,7 +167,7 @@ def _check_alive(layout: Layout, *names: str) -> None:
 
 def start(layout: Layout, timeout: float = 180.0) -> None:
     """Start the whole control plane and wait until it serves (bounded by `timeout` per stage)."""
-    host.ensure({"openssl": "openssl"} if os.environ.get("RLKUBE_ETCD") == "build" else host.CONTROL_PLANE)
+    host.ensure(host.CONTROL_PLANE if os.environ.get("RLKUBE_ETCD") == "system" else {"openssl": "openssl"})
     make_credentials(layout)
     start_etcd(layout)
     start_apiserver(layout)

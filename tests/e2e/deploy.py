@@ -45,6 +45,11 @@ class JobTimeout(AssertionError):
 
 # -- images ----------------------------------------------------------------------------------------
 
+# Input hash of each image loaded into the nodes by this process. Every build is tagged `:dev`,
+# so the operator's pod template carries the hash: a rebuilt operator image rolls the Deployment
+# on the next `helm upgrade`, instead of leaving the old container running under the same tag.
+LOADED: dict[str, str] = {}
+
 
 def build_and_load(cluster, name: str) -> str:
     """Build images/<name> (cached by input hash) and import it into every node; returns its ref.
@@ -55,6 +60,7 @@ def build_and_load(cluster, name: str) -> str:
     t0 = time.monotonic()
     archive = images.build(name)
     images.load(cluster.layout, cluster.nodes, archive)
+    LOADED[name] = archive.input_hash
     log(f"image {archive.ref} ready on {len(cluster.nodes)} nodes ({time.monotonic() - t0:.0f} s)")
     return archive.ref
 
@@ -74,8 +80,10 @@ def helm(cluster, *args: str, input: str | None = None, check: bool = True,
 
 def local_values(**extra: Any) -> dict:
     """Chart values for the harness: the locally built operator image, never pulled."""
-    values = {"image": {"repository": images.ref_for(OPERATOR_IMAGE).rsplit(":", 1)[0], "tag": "dev",
-                        "pullPolicy": "Never"}}  # fmt: skip
+    values: dict[str, Any] = {"image": {"repository": images.ref_for(OPERATOR_IMAGE).rsplit(":", 1)[0],
+                                        "tag": "dev", "pullPolicy": "Never"}}  # fmt: skip
+    if OPERATOR_IMAGE in LOADED:
+        values["podAnnotations"] = {"rlkube.io/image-input-hash": LOADED[OPERATOR_IMAGE]}
     values.update(extra)
     return values
 

@@ -19,10 +19,12 @@ from tests.e2e import deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-# The tiny model trains at roughly a step a second per pod on this 2-core machine (measured by
-# the first runs of this file); these sizes leave time to act mid-run and keep each test near 2 min.
-LONG_STEPS = 60
-EVERY = 5
+# The operator reads a trainer's progress on its resync timer (10 s), so a run must last well
+# beyond that for a test to act mid-run. The demo's sizes train a step in ~0.15 s on an idle
+# 2-core machine (30 steps in ~5 s, measured here); these sizes are ~4x the work per step and
+# 8x the steps: about 1.5 min idle, a few minutes on a loaded machine.
+LONG_STEPS = 240
+EVERY = 20
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
 
@@ -32,8 +34,8 @@ def long_job(deployed, prefix: str) -> tuple[str, dict]:
         name, deployed.jobs_namespace,
         training={"steps": LONG_STEPS},
         checkpoint={"everySteps": EVERY, "keep": 2},
-        data={"numSamples": 1024, "maxSeqLen": 64},
-        batching={"globalBatch": 4, "maxTokensPerGpu": 512},
+        data={"numSamples": 1024, "maxSeqLen": 128},
+        batching={"globalBatch": 16, "maxTokensPerGpu": 4096},
     )  # fmt: skip
     return name, job
 
@@ -97,7 +99,8 @@ def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(deploye
     name, job = long_job(deployed, "suspend")
     deploy.apply(cluster, job)
     try:
-        deploy.wait_job(cluster, ns, name, lambda j: deploy.step(j) >= 5, "step >= 5", timeout=420)
+        deploy.wait_job(cluster, ns, name, lambda j: deploy.step(j) >= EVERY // 2, f"step >= {EVERY // 2}",
+                        timeout=420)
         _patch_suspend(cluster, ns, name, True)
         suspended = deploy.wait_phase(cluster, ns, name, "Suspended", timeout=120)
         deploy.wait_until("the suspended job's pods to be gone", lambda: not deploy.job_pods(cluster, ns, name), 120)

@@ -129,11 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from .launch import launch_mode, spawn_workers
+    from .launch import launch_mode, pod_rank_env, spawn_workers
     from .progress import serve_health_early
 
-    if launch_mode(dict(os.environ)) == "spawn":
+    mode = launch_mode(dict(os.environ))
+    if mode == "spawn":
         return spawn_workers(ns.config)
+    if mode == "pod":
+        os.environ.update(pod_rank_env(dict(os.environ)))
     # /healthz answers from here on, before torch is even imported (progress.py).
     serve_health_early(config.progress_port)
     return run_in_process(config)

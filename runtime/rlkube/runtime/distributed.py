@@ -13,14 +13,13 @@ becomes an exit the operator can act on instead of a job that waits forever.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as tdist
 
-log = logging.getLogger("rlkube.runtime")
+from .log import log, setup_logging
 
 START_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("RLKUBE_START_TIMEOUT_S", "1800")))
 TRAIN_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("RLKUBE_TRAIN_TIMEOUT_S", "600")))
@@ -80,7 +79,9 @@ def init_from_env(device_map: dict[str, list[int]] | None = None) -> DistContext
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    # Said before the wait, so a gang stuck in its rendezvous shows where it is waiting.
+    # Said before the wait (logging set up first), so a gang stuck in its rendezvous shows
+    # in every pod's log who is waiting for whom.
+    setup_logging(rank)
     log.info("distributed: rank %d/%d joining %s:%s (%s)", rank, world, os.environ["MASTER_ADDR"],
              os.environ["MASTER_PORT"], backend)
     tdist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=START_TIMEOUT, **kwargs)

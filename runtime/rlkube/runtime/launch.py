@@ -4,7 +4,10 @@
 - LOCAL_WORLD_SIZE > 1 (the operator's pods: one process per GPU): start that many workers,
   `python -m rlkube.runtime run CONFIG` with RANK = RLKUBE_RANK_BASE + i and LOCAL_RANK = i,
   forward SIGTERM/SIGINT to them, and exit with the outcome of the gang.
-- neither: a single process of world size 1 (a workstation).
+- RLKUBE_RANK_BASE set with one process per pod (an operator pod of one GPU): run in-process as
+  rank RLKUBE_RANK_BASE, local rank 0 (`pod_rank_env`). Without this every such pod would be
+  rank 0, and the gang would wait in its rendezvous for ranks that never come.
+- none of these: a single process of world size 1 (a workstation).
 
 On a workstation spawn (no MASTER_ADDR), the workers rendezvous on 127.0.0.1 and a free port.
 The gang's exit code: 3 or 4 (permanent failures) if any worker had one, 143 if SIGTERM
@@ -31,7 +34,15 @@ def launch_mode(env: dict[str, str]) -> str:
         return "rank"
     if int(env.get("LOCAL_WORLD_SIZE", "1") or "1") > 1:
         return "spawn"
+    if env.get("RLKUBE_RANK_BASE", "") != "":
+        return "pod"
     return "single"
+
+
+def pod_rank_env(env: dict[str, str]) -> dict[str, str]:
+    """The rank variables of the one process of an operator pod ("pod" mode)."""
+    (worker,) = worker_envs({**env, "LOCAL_WORLD_SIZE": "1"})
+    return {k: worker[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 
 import signal
 
-from rlkube.runtime.launch import gang_exit_code, launch_mode, worker_envs
+from rlkube.runtime.launch import gang_exit_code, launch_mode, pod_rank_env, worker_envs
 
 
 def test_launch_mode():
@@ -10,6 +10,15 @@ def test_launch_mode():
     assert launch_mode({"LOCAL_WORLD_SIZE": "4"}) == "spawn"
     assert launch_mode({"LOCAL_WORLD_SIZE": "1"}) == "single"
     assert launch_mode({}) == "single"
+    # an operator pod of one GPU: its rank comes from RLKUBE_RANK_BASE, not a default of 0
+    assert launch_mode({"LOCAL_WORLD_SIZE": "1", "RLKUBE_RANK_BASE": "1"}) == "pod"
+
+
+def test_one_process_pods_take_their_rank_from_the_rank_base():
+    env = {"LOCAL_WORLD_SIZE": "1", "RLKUBE_RANK_BASE": "1", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "job-actor-0.job.ns.svc", "MASTER_PORT": "29500"}
+    assert pod_rank_env(env) == {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                                 "MASTER_ADDR": "job-actor-0.job.ns.svc", "MASTER_PORT": "29500"}
 
 
 def test_worker_envs_follow_rank_base():

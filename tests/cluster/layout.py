@@ -121,6 +121,11 @@ class Layout:
         return f"rlkbr{self.index}"
 
     @property
+    def bridge_mac(self) -> str:
+        """A fixed, locally administered MAC for the bridge (see network.bridge_up)."""
+        return f"02:72:6c:6b:00:{self.index:02x}"
+
+    @property
     def pki(self) -> Path:
         return self.state / "pki"
 

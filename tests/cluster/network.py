@@ -5,6 +5,12 @@ any kubelet starts: the kubelets use its address as their node IP, the DNS serve
 and the apiserver relay listens on the `kubernetes` Service address added to it. The CNI bridge
 plugin is told `isGateway: false`, so it neither re-addresses the bridge nor turns on the host's
 IP forwarding: pods on the one /16 reach each other at layer 2 and nothing beyond the host.
+
+The bridge gets a fixed MAC address. Left to itself, a Linux bridge takes the lowest MAC of its
+ports, so it changes whenever a pod's veth joins or leaves; every pod's ARP entry for the host
+then points at a MAC that is no longer the host's, and traffic to the host (the apiserver relay,
+DNS) is lost until the entry expires. Seen here: the operator's API calls timed out for ~40 s
+each time a training job's pods ended, long enough to lose its leader lease.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ def bridge_up(layout: Layout) -> None:
     for addr in (f"{layout.bridge_ip}/{prefix}", f"{layout.kubernetes_service_ip}/32"):
         if f" {addr} " not in addrs:
             _ip("addr", "add", addr, "dev", layout.bridge)
+    _ip("link", "set", layout.bridge, "address", layout.bridge_mac)
     _ip("link", "set", layout.bridge, "up")
 
 

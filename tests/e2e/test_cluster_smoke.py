@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -115,5 +116,10 @@ def test_pods_on_two_nodes_resolve_each_other_through_a_headless_service(cluster
         placed = json.loads(cluster.kubectl("-n", ns, "get", "pods", "-o", "json"))["items"]
         assert sorted(p["spec"]["nodeName"] for p in placed) == nodes
         assert "connected" in logs["peer-0"] and "connected" in logs["peer-1"], logs
+        # Pods came and went, and the host kept its MAC on the bridge (tests/cluster/network.py:
+        # a changing MAC left every pod's ARP entry for the host stale, cutting it off the API).
+        bridge = Path("/sys/class/net") / cluster.layout.bridge
+        assert (bridge / "address").read_text().strip() == cluster.layout.bridge_mac
+        assert (bridge / "addr_assign_type").read_text().strip() == "3"  # NET_ADDR_SET: fixed
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"""
 Where to look next:
   {kubectl} describe rltj {name}                      # status, conditions, placement, events
-  {kubectl} get pods -l rlkube.io/job={name} -o wide  # one pod per (fake) GPU, on two nodes
+  {kubectl} get pods -l rlkube.io/job={name} -o wide  # one pod per (fake) GPU, where the planner put it
   {kubectl} logs -l rlkube.io/job={name},rlkube.io/pod-index=0   # the trainer's log (rank 0)
   {kubectl} -n {deploy.OPERATOR_NAMESPACE} logs deploy/{deploy.RELEASE}             # the operator's decisions
   {kubectl} explain rltj.spec.roles                   # the API, documented

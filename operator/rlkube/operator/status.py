@@ -167,6 +167,8 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
             value = int(value)
         elif key not in ("loss", "rewardMean") and value < 0:
             continue
+        elif key == "tokensPerSecond":
+            value = round(value, 1)  # `kubectl get rltj` shows it: 26904.2, not 26904.229259433603
         out[key] = value
     out["updatedAt"] = format_time(now)
     return out

@@ -64,6 +64,7 @@ def test_placement_round_trips_through_status():
      {"step": 5, "totalSteps": 30, "tokensPerSecond": 1500.0, "mfu": 0.4, "loss": -0.2, "rewardMean": -1.0}),
     ({"step": None, "mfu": float("nan"), "loss": float("inf"), "gpuUtilization": -1, "phase": "train"}, {}),
     ({"step": True, "tokensPerSecond": "fast", "extra": 1}, {}),
+    ({"tokensPerSecond": 26904.229259433603}, {"tokensPerSecond": 26904.2}),  # as `kubectl get` shows it
 ])
 def test_progress_keeps_only_valid_numbers(report, expected):
     out = progress_status(report, at(0))

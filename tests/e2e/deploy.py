@@ -184,11 +184,22 @@ def wait_phase(cluster, namespace: str, name: str, wanted: str, timeout: float =
 
 
 def events(cluster, namespace: str, name: str) -> list[dict]:
-    """Events whose object is the job, oldest first."""
+    """Events whose object is the job, oldest first.
+
+    Event timestamps have one-second resolution, and the operator often posts two in the same
+    second (Placed, then Admitted), so ties are broken by resourceVersion: the API server (etcd)
+    hands those out in increasing order of writes.
+    """
     out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
                           f"involvedObject.kind=RLTrainingJob,involvedObject.name={name}", "-o", "json")
     items = json.loads(out)["items"]
-    return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return sorted(items, key=_event_order)
+
+
+def _event_order(event: dict) -> tuple[str, int]:
+    stamp = event.get("lastTimestamp") or event.get("eventTime") or ""
+    version = event["metadata"].get("resourceVersion", "")
+    return stamp, int(version) if version.isdigit() else 0
 
 
 def delete_job(cluster, namespace: str, name: str) -> None:

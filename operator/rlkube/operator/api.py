@@ -144,7 +144,10 @@ class PlacementSpec(Spec):
 
 
 class ElasticSpec(Spec):
-    """Elastic size: the range of workers (pods of gpusPerPod GPUs) the job may run with."""
+    """Elastic size: the range of workers (pods of gpusPerPod GPUs) the job may run with.
+
+    Each attempt is planned at the largest count in the range that fits the free GPUs; a job
+    running below maxWorkers is restarted larger from its checkpoint once more GPUs are free."""
 
     min_workers: int = Field(
         ge=1,
@@ -156,7 +159,8 @@ class ElasticSpec(Spec):
     max_workers: int = Field(
         ge=1,
         le=MAX_PODS,
-        description="Most pods the job grows to when GPUs become free. At least minWorkers.",
+        description="Most pods the job grows to when GPUs become free. At least minWorkers and "
+        "the pods the roles' GPUs make.",
     )
 
     @model_validator(mode="after")
@@ -345,8 +349,8 @@ class RLTrainingJobSpec(Spec):
     )
     elastic: ElasticSpec | None = Field(
         default=None,
-        description="Elastic size range in pods. Unset: the job runs with exactly the pods its "
-        "roles' GPUs make.",
+        description="Elastic size range in pods, for jobs whose only GPUs are the actor's. Unset: "
+        "the job runs with exactly the pods its roles' GPUs make.",
     )
     run_policy: RunPolicySpec = Field(
         default_factory=RunPolicySpec, description="Restarts, deadlines, suspension and clean-up."
@@ -439,16 +443,50 @@ class RLTrainingJobSpec(Spec):
             )
         elif total // per_pod > MAX_PODS:
             problems.append(f"placement.gpusPerPod: {total // per_pod} pods, at most {MAX_PODS} allowed")
-        if self.elastic is not None and total % per_pod == 0 and self.elastic.min_workers > total // per_pod:
-            problems.append(
-                f"elastic.minWorkers: must be <= the job's {total // per_pod} pods "
-                f"({total} GPUs / gpusPerPod {per_pod}), got {self.elastic.min_workers}"
-            )
+        if self.elastic is not None:
+            problems.extend(self._elastic_problems(total, per_pod))
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
+    def _elastic_problems(self, total: int, per_pod: int) -> list[str]:
+        assert self.elastic is not None
+        problems = []
+        if total % per_pod == 0 and self.elastic.min_workers > total // per_pod:
+            problems.append(
+                f"elastic.minWorkers: must be <= the job's {total // per_pod} pods "
+                f"({total} GPUs / gpusPerPod {per_pod}), got {self.elastic.min_workers}"
+            )
+        if total % per_pod == 0 and self.elastic.max_workers < total // per_pod:
+            problems.append(
+                f"elastic.maxWorkers: must be >= the job's {total // per_pod} pods "
+                f"({total} GPUs / gpusPerPod {per_pod}), got {self.elastic.max_workers}"
+            )
+        others = [name for name, role in self.roles.present().items() if name != "actor" and role.gpus]
+        if others:
+            problems.append(
+                f"elastic: only the actor's data-parallel group resizes, so the other roles must "
+                f"colocateWith the actor or have gpus: 0; {', '.join(others)} have GPUs of their own"
+            )
+        return problems
+
     # -- derived facts, used by placement, rendering and status --------------------------------
+
+    def worker_counts(self) -> list[int]:
+        """Gang sizes (pods) the job may run with, the preferred first: the pods its roles' GPUs
+        make, or with `elastic` every count from maxWorkers down to minWorkers."""
+        if self.elastic is None:
+            return [self.pod_count()]
+        return list(range(self.elastic.max_workers, self.elastic.min_workers - 1, -1))
+
+    def with_workers(self, pods: int) -> RLTrainingJobSpec:
+        """This spec at a gang size of `pods` (an elastic job): the actor gets pods x gpusPerPod
+        GPUs, the only GPUs of an elastic job. globalBatch stays; the runtime spreads it over the
+        ranks it finds, so only the per-rank share and the gradient accumulation change."""
+        if pods == self.pod_count():
+            return self
+        actor = self.roles.actor.model_copy(update={"gpus": pods * self.placement.gpus_per_pod})
+        return self.model_copy(update={"roles": self.roles.model_copy(update={"actor": actor})})
 
     def total_gpus(self) -> int:
         """GPUs of the job: the sum of the roles' own gpus (colocated roles add none)."""

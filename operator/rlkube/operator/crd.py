@@ -172,6 +172,21 @@ def _spec_rules() -> list[dict]:
             "elastic.minWorkers: must be <= the job's pods (total GPUs / gpusPerPod)",
             ".elastic",
         ),
+        _rule(
+            f"!has(self.elastic) || {per_pod} < 1 || self.elastic.maxWorkers >= {total} / {per_pod}",
+            "elastic.maxWorkers: must be >= the job's pods (total GPUs / gpusPerPod)",
+            ".elastic",
+        ),
+        _rule(
+            "!has(self.elastic) || "
+            + " && ".join(
+                f"(!has(self.roles.{name}) || !has(self.roles.{name}.gpus) || self.roles.{name}.gpus == 0)"
+                for name in ("critic", "reward", "reference")
+            ),
+            "elastic: only the actor's data-parallel group resizes; the other roles must "
+            "colocateWith the actor or have gpus: 0",
+            ".elastic",
+        ),
     ]
 
 

@@ -16,15 +16,17 @@ The rules, in the order they are checked:
 4. runPolicy.suspend: the gang is torn down, Suspended. Clearing it resumes with a new plan.
 5. Pods of an older attempt are deleted and waited for (pod names are reused by the next
    attempt, so at most one pod per index ever exists). Then the restart backoff is waited out.
-6. No plan for this attempt: plan (`placement.plan_placement`). Unplaceable: Pending
-   (Unschedulable), retried later. Placed: Service, ConfigMap and pods are created, gated.
+6. No plan for this attempt: plan (`placement.plan_placement`; an elastic job at the largest
+   pod count in [minWorkers, maxWorkers] that fits). Unplaceable: Pending (Unschedulable),
+   retried later. Placed: Service, ConfigMap and pods are created, gated.
 7. Before admission: missing pods are created; once all exist, and the plan still fits the free
    GPUs, every gate is removed at once (admission). If the plan no longer fits: re-plan.
    With Volcano or Kueue admission is theirs: no gate, no gang timeout.
 8. After admission: an exit code in failOnExitCodes fails the job at once; another failure
    restarts the whole gang with attempt+1 (counted against backoffLimit, exponential backoff);
    an eviction, a vanished pod or a vanished node re-plans (attempt+1, not counted); all pods
-   Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan.
+   Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan. An elastic job
+   running below maxWorkers whose larger gang fits now re-plans (ElasticGrow, not counted).
 
 A gang teardown always bumps `attempt` in the same status write that records why, before any
 pod is deleted; pods carry their attempt as a label, so "stale" is a fact anyone can check.
@@ -143,6 +145,20 @@ def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str 
     return None
 
 
+def largest_plan(spec: Any, inventory: list[NodeInventory]) -> Placement | Unplaceable:
+    """The plan at the largest gang size the spec allows (`worker_counts`) that fits `inventory`;
+    when none fits, the Unplaceable of the smallest size, whose reason is the one to fix."""
+    failed = Unplaceable("no gang size to plan")
+    for workers in spec.worker_counts():
+        try:
+            return plan_placement(request_from_spec(spec.with_workers(workers)), inventory)
+        except Unplaceable as exc:
+            failed = exc
+    if spec.elastic is not None:
+        return Unplaceable(f"elastic: not even minWorkers {spec.elastic.min_workers} pods fit: {failed.reason}")
+    return failed
+
+
 @dataclass
 class _State:
     """The lifecycle fields being decided (starts as what the last status recorded)."""
@@ -195,7 +211,16 @@ class _Decider:
     # -- outcome builders ---------------------------------------------------------------------
 
     def _names(self) -> list[str]:
-        return render.pod_names(self.job.name, self.job.spec) if self.job.spec else []
+        spec = self.sized_spec()
+        return render.pod_names(self.job.name, spec) if spec else []
+
+    def sized_spec(self) -> Any:
+        """The spec at the size of this attempt's plan: an elastic job's gang may have more or
+        fewer pods than its roles' GPUs make, and its pods, ConfigMap and world size follow the plan."""
+        spec, placement = self.job.spec, self.s.placement
+        if spec is None or placement is None or spec.elastic is None:
+            return spec
+        return spec.with_workers(len(placement.pods))
 
     def finish(
         self,
@@ -319,6 +344,28 @@ class _Decider:
             decision = replace(decision, requeue_after=max(1.0, left))
         return decision
 
+    def grow(self, current: list[PodView]) -> Decision | None:
+        """An elastic job running below maxWorkers whose larger gang fits now (counting the GPUs
+        its own pods hold as free): end this attempt, not counted, so the next one is planned
+        larger. The pods get SIGTERM and checkpoint on the way out; the larger gang resumes there."""
+        spec, placement = self.job.spec, self.s.placement
+        assert placement is not None
+        running = len(placement.pods)
+        if spec.elastic is None or running >= spec.elastic.max_workers:
+            return None
+        if self.cluster is None:
+            return Decision(need_cluster=True, action="observe")
+        held: dict[str, int] = {}
+        for pod in current:
+            held[pod.node] = held.get(pod.node, 0) + spec.placement.gpus_per_pod
+        freed = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0))) for n in self.cluster.inventory]
+        bigger = largest_plan(spec, freed)
+        if isinstance(bigger, Unplaceable) or len(bigger.pods) <= running:
+            return None
+        return self.teardown("ElasticGrow", f"elastic: {len(bigger.pods)} pods fit now, running with {running} "
+                             f"(maxWorkers {spec.elastic.max_workers}): restarting the gang larger from its "
+                             "checkpoint", counted=False, event_type="Normal")
+
     def _reason(self, default: str) -> str:
         """Keep the reason of the teardown that started this restart while it is in progress."""
         cond = condition(self.job.status, "Progressing")
@@ -359,22 +406,26 @@ class _Decider:
         s, job, spec = self.s, self.job, self.job.spec
         if self.cluster is None:
             return Decision(need_cluster=True, action="observe")
-        try:
-            placement = plan_placement(request_from_spec(spec), self.cluster.inventory)
-        except Unplaceable as exc:
+        placement = largest_plan(spec, self.cluster.inventory)
+        if isinstance(placement, Unplaceable):
+            reason = placement.reason
             old = condition(job.status, "Placed") or {}
-            if old.get("reason") != "Unschedulable" or old.get("message") != exc.reason:
-                self.event("Warning", "Unschedulable", exc.reason)
-            return self.finish("Pending", "Unschedulable", exc.reason, action="unschedulable",
+            if old.get("reason") != "Unschedulable" or old.get("message") != reason:
+                self.event("Warning", "Unschedulable", reason)
+            return self.finish("Pending", "Unschedulable", reason, action="unschedulable",
                                requeue_after=self.settings.unschedulable_retry_seconds)
         s.placement = placement
         s.next_attempt_time = None
         if s.start_time is None:
             s.start_time = format_time(self.now)
-        self.event("Normal", "Placed", f"attempt {s.attempt}: " + "; ".join(placement.messages))
+        messages = list(placement.messages)
+        if spec.elastic is not None:
+            messages.append(f"elastic: {len(placement.pods)} pods of minWorkers {spec.elastic.min_workers}.."
+                            f"maxWorkers {spec.elastic.max_workers}, the most the free GPUs fit")
+        self.event("Normal", "Placed", f"attempt {s.attempt}: " + "; ".join(messages))
         if placement.fallback:
             self.event("Warning", "PlacementFallback", "; ".join(placement.messages))
-        objects = render.render(job.ref, spec, placement, s.attempt)
+        objects = render.render(job.ref, self.sized_spec(), placement, s.attempt)
         # The plan was made on a fresh inventory that counts every other job's unbound pods, so the
         # whole gang fits now: admit it in the same step. The pods are still created gated and the
         # gates removed only after every create succeeded, so no pod binds while its gang is
@@ -388,7 +439,7 @@ class _Decider:
                            create=objects, ungate=ungate, requeue_after=float(spec.placement.gang_timeout_seconds))
 
     def placed(self) -> Decision:
-        s, job, spec = self.s, self.job, self.job.spec
+        s, job, spec = self.s, self.job, self.sized_spec()
         placement = s.placement
         assert placement is not None
         by_index = {p.index: p for p in self.pods if not p.terminating}
@@ -485,6 +536,10 @@ class _Decider:
             started = self.old_phase != "Running"
             if started:
                 self.event("Normal", "Running", f"all {len(current)} pods are running")
+            elif all(p.phase == "Running" for p in current):
+                grown = self.grow(current)
+                if grown is not None:
+                    return grown
             return self.finish("Running", "Running", f"{len(current)} pods running",
                                action="running" if started else "wait")
         message = f"{sum(p.phase == 'Running' for p in current)}/{len(current)} pods running"

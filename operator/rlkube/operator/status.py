@@ -236,7 +236,8 @@ def summarize(
         "attempt": lifecycle.attempt,
     }
     if spec is not None:
-        status["gpus"] = spec.total_gpus()
+        # An elastic job's plan may be smaller or larger than its roles' GPUs: the plan counts.
+        status["gpus"] = sum(len(p.ranks) for p in placement.pods) if placement else spec.total_gpus()
         status["roles"] = role_readiness(device_map, placement, pods, lifecycle.attempt)
     if placement is not None:
         status["placement"] = placement_to_status(placement, pod_names)

@@ -1,0 +1,111 @@
+"""Elastic gang size: a job with `spec.elastic` is planned at the largest pod count in
+[minWorkers, maxWorkers] that the free GPUs fit, and a job running below maxWorkers is restarted
+larger (not counted as a failure) once a larger gang fits."""
+
+from __future__ import annotations
+
+import yaml
+from operator_builders import World, at, job, node
+
+from rlkube.operator import lifecycle, render
+
+FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
+
+
+def blocker(node_name: str, gpus: int) -> dict:
+    """Another workload's bound pod holding `gpus` GPUs of a node."""
+    return {"metadata": {"name": f"other-{node_name}", "namespace": "others", "uid": "other"},
+            "spec": {"nodeName": node_name,
+                     "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": "Running"}}
+
+
+def elastic_world(actor_gpus: int = 4, min_workers: int = 1, max_workers: int = 2, blocked: dict | None = None) -> World:
+    """A DPO job of pods of 2 GPUs on two nodes of 2 GPUs; `blocked`: node -> GPUs others hold."""
+    w = World(job(algorithm="dpo", gpus_per_pod=2, roles={"actor": {"gpus": actor_gpus}},
+                  elastic={"minWorkers": min_workers, "maxWorkers": max_workers}),
+              [node("a", 2), node("b", 2)], FAST)
+    w.other_pods = [blocker(n, g) for n, g in (blocked or {}).items()]
+    return w
+
+
+def run(w: World, t0: float) -> None:
+    """Plan, admit, bind and reach Running from time t0."""
+    w.step(at(t0))
+    w.step(at(t0 + 1))
+    w.bind_all()
+    w.step(at(t0 + 2))
+    assert w.status["phase"] == "Running", w.status
+
+
+def env_of(pod: dict) -> dict:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_a_full_node_shrinks_the_gang_and_everything_follows_the_plan():
+    w = elastic_world(blocked={"b": 2})
+    d = w.step(at(0))
+    pods = [o for o in d.create if o["kind"] == "Pod"]
+    assert len(pods) == 1 and pods[0]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert env_of(pods[0])["WORLD_SIZE"] == "2"
+    (configmap,) = [o for o in d.create if o["kind"] == "ConfigMap"]
+    run_config = yaml.safe_load(configmap["data"][render.CONFIG_FILE])
+    assert run_config["roles"]["actor"]["gpus"] == 2 and run_config["deviceMap"]["actor"] == [0, 1]
+    assert w.status["gpus"] == 2 and len(w.status["placement"]["pods"]) == 1
+    placed = next(e for e in w.events if e.reason == "Placed")
+    assert "elastic: 1 pods of minWorkers 1..maxWorkers 2" in placed.message
+
+
+def test_freed_gpus_grow_the_running_gang_without_counting_a_restart():
+    w = elastic_world(blocked={"b": 2})
+    run(w, 0)
+    d = w.step(at(5))
+    assert not d.delete and w.status["phase"] == "Running"  # no room yet: keeps running at 1 pod
+
+    w.other_pods = []  # the other workload finished
+    d = w.step(at(10))
+    assert d.action == "replan" and len(d.delete) == 1
+    assert w.status["phase"] == "Restarting" and w.status["restarts"] == 0 and w.status["attempt"] == 1
+    grow = next(e for e in w.events if e.reason == "ElasticGrow")
+    assert "2 pods fit now, running with 1" in grow.message
+
+    d = w.step(at(11))  # the old pod is gone: plan again, now at the full size
+    pods = [o for o in d.create if o["kind"] == "Pod"]
+    assert len(pods) == 2 and {env_of(p)["WORLD_SIZE"] for p in pods} == {"4"}
+    assert w.status["gpus"] == 4
+
+
+def test_at_max_workers_nothing_is_checked_or_changed():
+    w = elastic_world()
+    run(w, 0)
+    assert len(w.status["placement"]["pods"]) == 2
+    writes = w.writes
+    for t in (5, 6, 7):
+        d = w.step(at(t))
+        assert not d.delete and not d.create and not d.events
+    assert w.writes == writes
+
+
+def test_below_min_workers_stays_pending_and_says_so():
+    w = elastic_world(min_workers=2, blocked={"b": 1})
+    w.step(at(0))
+    assert w.status["phase"] == "Pending" and not w.pods
+    assert w.reasons() == ["Unschedulable"]
+    (event,) = w.events
+    assert event.message.startswith("elastic: not even minWorkers 2 pods fit: needs 4 GPUs in 2 pods of 2")
+
+
+def test_max_workers_above_the_roles_gpus_plans_the_larger_gang_at_once():
+    w = elastic_world(actor_gpus=2, max_workers=2)
+    d = w.step(at(0))
+    pods = [o for o in d.create if o["kind"] == "Pod"]
+    assert len(pods) == 2 and {env_of(p)["WORLD_SIZE"] for p in pods} == {"4"}
+    assert len(w.status["placement"]["pods"]) == 2
+
+
+def test_a_job_without_elastic_never_resizes():
+    w = World(job(algorithm="dpo", gpus_per_pod=2, roles={"actor": {"gpus": 4}}), [node("a", 2), node("b", 2)], FAST)
+    w.other_pods = [blocker("b", 2)]
+    w.step(at(0))
+    assert w.status["phase"] == "Pending" and not w.pods
+    assert "needs 4 GPUs in 2 pods of 2" in w.events[0].message

@@ -10,6 +10,7 @@ talks to Kubernetes any other way, so what passes here is what a user sees.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -263,3 +264,41 @@ def dump(cluster, namespaces: list[str], release: str = RELEASE,
 
 def log(message: str) -> None:
     print(f"[rlkube {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- long runs, to act on mid-training ----------------------------------------------------------
+
+# The operator reads a trainer's progress on its resync timer (10 s), so a run must last well
+# beyond that for a test to act mid-run. The demo's sizes train a step in ~0.15 s on an idle
+# 2-core machine (30 steps in ~5 s, measured here); these sizes are ~4x the work per step and
+# 8x the steps: about 1.5 min idle, a few minutes on a loaded machine.
+LONG_STEPS = 240
+EVERY = 20
+RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
+
+
+def long_job(deployed, prefix: str, **spec: Any) -> tuple[str, dict]:
+    """A DPO job long enough to act on mid-run, checkpointing every EVERY steps; `spec` as in
+    job_manifest."""
+    name = deployed.job_name(prefix)
+    job = job_manifest(
+        name, deployed.jobs_namespace,
+        training={"steps": LONG_STEPS},
+        checkpoint={"everySteps": EVERY, "keep": 2},
+        data={"numSamples": 1024, "maxSeqLen": 128},
+        batching={"globalBatch": 16, "maxTokensPerGpu": 4096},
+        **spec,
+    )  # fmt: skip
+    return name, job
+
+
+def rank0_pod(cluster, ns: str, name: str) -> dict:
+    (pod,) = [p for p in job_pods(cluster, ns, name) if p["metadata"]["labels"].get("rlkube.io/pod-index") == "0"]
+    return pod
+
+
+def resumed_step(cluster, ns: str, name: str) -> int | None:
+    """The step the current attempt's rank 0 resumed at, from its log (None: it started fresh)."""
+    pod = rank0_pod(cluster, ns, name)["metadata"]["name"]
+    found = RESUMED.findall(cluster.kubectl("logs", "-n", ns, pod, "--all-containers"))
+    return int(found[-1][1]) if found else None

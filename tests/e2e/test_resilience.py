@@ -10,47 +10,14 @@ must still finish every step.
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from tests.cluster import nodes as cluster_nodes
 from tests.e2e import deploy
+from tests.e2e.deploy import EVERY, LONG_STEPS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
-
-# The operator reads a trainer's progress on its resync timer (10 s), so a run must last well
-# beyond that for a test to act mid-run. The demo's sizes train a step in ~0.15 s on an idle
-# 2-core machine (30 steps in ~5 s, measured here); these sizes are ~4x the work per step and
-# 8x the steps: about 1.5 min idle, a few minutes on a loaded machine.
-LONG_STEPS = 240
-EVERY = 20
-RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
-
-
-def long_job(deployed, prefix: str) -> tuple[str, dict]:
-    name = deployed.job_name(prefix)
-    job = deploy.job_manifest(
-        name, deployed.jobs_namespace,
-        training={"steps": LONG_STEPS},
-        checkpoint={"everySteps": EVERY, "keep": 2},
-        data={"numSamples": 1024, "maxSeqLen": 128},
-        batching={"globalBatch": 16, "maxTokensPerGpu": 4096},
-    )  # fmt: skip
-    return name, job
-
-
-def rank0_pod(cluster, ns: str, name: str) -> dict:
-    (pod,) = [p for p in deploy.job_pods(cluster, ns, name) if p["metadata"]["labels"].get("rlkube.io/pod-index") == "0"]
-    return pod
-
-
-def resumed_step(cluster, ns: str, name: str) -> int | None:
-    """The step the current attempt's rank 0 resumed at, from its log (None: it started fresh)."""
-    pod = rank0_pod(cluster, ns, name)["metadata"]["name"]
-    found = RESUMED.findall(cluster.kubectl("logs", "-n", ns, pod, "--all-containers"))
-    return int(found[-1][1]) if found else None
-
 
 def kill_training_process(cluster, pod: dict) -> None:
     """SIGKILL the trainer's container through its node's containerd: a crash, not a graceful stop."""
@@ -62,7 +29,7 @@ def kill_training_process(cluster, pod: dict) -> None:
 
 def test_killed_pod_restarts_the_gang_from_its_checkpoint_and_completes(deployed):
     cluster, ns = deployed.cluster, deployed.jobs_namespace
-    name, job = long_job(deployed, "kill")
+    name, job = deploy.long_job(deployed, "kill")
     deploy.apply(cluster, job)
     try:
         running = deploy.wait_job(cluster, ns, name, lambda j: deploy.step(j) >= EVERY + 5,
@@ -78,7 +45,7 @@ def test_killed_pod_restarts_the_gang_from_its_checkpoint_and_completes(deployed
         assert done["status"]["progress"]["step"] == LONG_STEPS
         assert done["status"]["restarts"] == 1
 
-        resumed = resumed_step(cluster, ns, name)
+        resumed = deploy.resumed_step(cluster, ns, name)
         assert resumed is not None, "the restarted attempt did not resume from a checkpoint"
         # The last checkpoint committed before the kill: a multiple of EVERY, at most the step seen.
         assert resumed % EVERY == 0 and EVERY <= resumed <= at_kill + EVERY, (resumed, at_kill)
@@ -96,7 +63,7 @@ def _patch_suspend(cluster, ns: str, name: str, value: bool) -> None:
 
 def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(deployed):
     cluster, ns = deployed.cluster, deployed.jobs_namespace
-    name, job = long_job(deployed, "suspend")
+    name, job = deploy.long_job(deployed, "suspend")
     deploy.apply(cluster, job)
     try:
         deploy.wait_job(cluster, ns, name, lambda j: deploy.step(j) >= EVERY // 2, f"step >= {EVERY // 2}",
@@ -113,7 +80,7 @@ def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(deploye
 
         # SIGTERM makes the trainer checkpoint before it exits, so the resume is at or after the
         # last step the status showed while suspending.
-        resumed = resumed_step(cluster, ns, name)
+        resumed = deploy.resumed_step(cluster, ns, name)
         assert resumed is not None and resumed >= at_suspend > 0, (resumed, at_suspend)
         reasons = [e["reason"] for e in deploy.events(cluster, ns, name)]
         assert "Suspended" in reasons and "Resumed" in reasons, reasons
@@ -124,7 +91,7 @@ def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(deploye
 
 def test_helm_upgrade_while_a_job_runs_does_not_restart_training_pods(deployed):
     cluster, ns = deployed.cluster, deployed.jobs_namespace
-    name, job = long_job(deployed, "upgrade")
+    name, job = deploy.long_job(deployed, "upgrade")
     deploy.apply(cluster, job)
     try:
         deploy.wait_job(cluster, ns, name, lambda j: deploy.step(j) >= 5, "step >= 5", timeout=420)

@@ -36,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .distributed import DistContext, barrier
+from .log import emit
 
 META = "rlkube-checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -128,6 +129,7 @@ class Checkpointer:
             meta = {"step": step, "worldSize": ctx.world_size, "time": time.time(), "trainer": trainer}
             write_meta(final, meta)
             self._prune()
+            emit({"event": "checkpoint", "step": step, "path": str(final)})
         barrier(ctx)
         return final
 

@@ -14,12 +14,14 @@ What it owns, so the trainers only say what a step is:
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from .config import RuntimeConfig
-from .distributed import DistContext, all_reduce_max, tighten_timeout
+from .distributed import DistContext, all_reduce_max, init_from_env, shutdown, tighten_timeout
 from .errors import NonFiniteLoss, Terminated
-from .log import emit, log
+from .log import emit, log, setup_logging
 from .progress import Progress, ProgressServer, adopt_early_server, write_termination_message
 
 
@@ -114,3 +116,24 @@ def run_steps(
             write_termination_message(progress)
         if server is not None:
             server.stop()
+
+
+class _Trainer(Protocol):
+    def train(self) -> Any: ...
+
+
+def train_on_this_rank(
+    make_trainer: Callable[[RuntimeConfig, DistContext], _Trainer], config: RuntimeConfig, ctx: DistContext | None
+) -> Any:
+    """`make_trainer(config, ctx).train()` as this process's rank. Without `ctx` the rank joins
+    the process group from its environment here and leaves it afterwards; a caller's context is
+    the caller's to shut down."""
+    own_ctx = ctx is None
+    ctx = ctx or init_from_env(config.device_map)
+    setup_logging(ctx.rank)
+    try:
+        return make_trainer(config, ctx).train()
+    finally:
+        if own_ctx:
+            shutdown(ctx)
+            sys.stdout.flush()

@@ -37,7 +37,6 @@ pre-training, OOM recovery, and overlapping generation with scoring.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -47,13 +46,13 @@ import torch.distributed as tdist
 from .advantages import gae, whiten
 from .checkpoint import Checkpointer
 from .config import RuntimeConfig
-from .distributed import DistContext, all_reduce_max, all_reduce_sum, init_from_env, shutdown
+from .distributed import DistContext, all_reduce_max, all_reduce_sum
 from .errors import ConfigError, NonFiniteLoss
 from .generation import SamplingParams
 from .grpo import fraction_of_groups_with_signal, group_layout, grpo_advantages
 from .hybrid_engine import HybridEngine
-from .log import emit, log, setup_logging
-from .loop import run_steps
+from .log import log
+from .loop import run_steps, train_on_this_rank
 from .metrics import FlopModel, GpuMonitor, peak_flops
 from .models import build_causal_lm, shard
 from .policy import PolicyModel
@@ -591,19 +590,9 @@ class RLTrainer:
         return result
 
     def save(self, step: int) -> None:
-        path = self.checkpointer.save(step, self.trainable, self.optimizers, {"seed": self.config.training.seed})
-        if self.ctx.is_main:
-            emit({"event": "checkpoint", "step": step, "path": str(path)})
+        self.checkpointer.save(step, self.trainable, self.optimizers, {"seed": self.config.training.seed})
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> RLResult:
     """Run the PPO or GRPO training described by `config` in this process (one rank)."""
-    own_ctx = ctx is None
-    ctx = ctx or init_from_env(config.device_map)
-    setup_logging(ctx.rank)
-    try:
-        return RLTrainer(config, ctx, hooks).train()
-    finally:
-        if own_ctx:
-            shutdown(ctx)
-            sys.stdout.flush()
+    return train_on_this_rank(lambda cfg, rank_ctx: RLTrainer(cfg, rank_ctx, hooks), config, ctx)

@@ -42,14 +42,12 @@ from .distributed import (
     DistContext,
     all_reduce_max,
     all_reduce_sum,
-    init_from_env,
-    shutdown,
 )
 from .dpo import PairLogps, pair_loss, pair_stats
 from .errors import ConfigError, NonFiniteLoss
-from .log import emit, log, setup_logging, warn_once
+from .log import log, warn_once
 from .logprobs import SequenceLogprobs
-from .loop import run_steps
+from .loop import run_steps, train_on_this_rank
 from .metrics import FlopModel, GpuMonitor, peak_flops
 from .models import build_causal_lm, frozen_copy, shard
 from .packing import TokenBatch, pack_pairs, pad_pairs
@@ -319,18 +317,9 @@ class DPOTrainer:
 
     def save(self, step: int) -> None:
         state = {"batcher": self.batcher.state_dict(), "seed": self.config.training.seed}
-        path = self.checkpointer.save(step, self.policy, self.optimizer, state)
-        if self.ctx.is_main:
-            emit({"event": "checkpoint", "step": step, "path": str(path)})
+        self.checkpointer.save(step, self.policy, self.optimizer, state)
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:
     """Run DPO training described by `config` in this process (one rank)."""
-    own_ctx = ctx is None
-    ctx = ctx or init_from_env(config.device_map)
-    setup_logging(ctx.rank)
-    try:
-        return DPOTrainer(config, ctx, hooks).train()
-    finally:
-        if own_ctx:
-            shutdown(ctx)
+    return train_on_this_rank(lambda cfg, rank_ctx: DPOTrainer(cfg, rank_ctx, hooks), config, ctx)

@@ -147,7 +147,9 @@ class ElasticSpec(Spec):
     """Elastic size: the range of workers (pods of gpusPerPod GPUs) the job may run with.
 
     Each attempt is planned at the largest count in the range that fits the free GPUs; a job
-    running below maxWorkers is restarted larger from its checkpoint once more GPUs are free."""
+    running below maxWorkers is restarted larger from its checkpoint once more GPUs are free.
+    A gang that resizes across nodes needs checkpoints every node sees (checkpoint.volumeClaim
+    on a ReadWriteMany volume)."""
 
     min_workers: int = Field(
         ge=1,

@@ -66,6 +66,7 @@ class Cluster:
 
     inventory: list[NodeInventory]
     node_names: frozenset[str]
+    own_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs the job's own bound pods hold
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,11 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
     if selector:
         inventory = [n for n in inventory if all(n.labels.get(k) == v for k, v in selector.items())]
     names = frozenset((n.get("metadata") or {}).get("name") for n in nodes)
-    return Cluster(inventory=inventory, node_names=names)
+    # From the same listing as the inventory, so "free if this job let go" is exact even when
+    # the listing is a little older than the job's own pod list.
+    own = inventory_from_objects(nodes, [p for p in pods if own_uid and owned_by(p, own_uid)],
+                                 tolerations=list(spec.tolerations))
+    return Cluster(inventory=inventory, node_names=names, own_gpus={n.name: n.gpus_used for n in own if n.gpus_used})
 
 
 def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str | None:
@@ -344,7 +349,7 @@ class _Decider:
             decision = replace(decision, requeue_after=max(1.0, left))
         return decision
 
-    def grow(self, current: list[PodView]) -> Decision | None:
+    def grow(self) -> Decision | None:
         """An elastic job running below maxWorkers whose larger gang fits now (counting the GPUs
         its own pods hold as free): end this attempt, not counted, so the next one is planned
         larger. The pods get SIGTERM and checkpoint on the way out; the larger gang resumes there."""
@@ -355,9 +360,7 @@ class _Decider:
             return None
         if self.cluster is None:
             return Decision(need_cluster=True, action="observe")
-        held: dict[str, int] = {}
-        for pod in current:
-            held[pod.node] = held.get(pod.node, 0) + spec.placement.gpus_per_pod
+        held = self.cluster.own_gpus
         freed = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0))) for n in self.cluster.inventory]
         bigger = largest_plan(spec, freed)
         if isinstance(bigger, Unplaceable) or len(bigger.pods) <= running:
@@ -537,7 +540,7 @@ class _Decider:
             if started:
                 self.event("Normal", "Running", f"all {len(current)} pods are running")
             elif all(p.phase == "Running" for p in current):
-                grown = self.grow(current)
+                grown = self.grow()
                 if grown is not None:
                     return grown
             return self.finish("Running", "Running", f"{len(current)} pods running",

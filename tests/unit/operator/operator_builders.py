@@ -122,8 +122,8 @@ class World:
         decision = lifecycle.decide(view, pods, now, None, progress, self.settings)
         if decision.need_cluster:
             bound = [p for p in [*self.pods.values(), *self.other_pods] if p["spec"].get("nodeName")]
-            decision = lifecycle.decide(view, pods, now, lifecycle.cluster_view(self.nodes, bound, view.spec),
-                                        progress, self.settings)
+            cluster = lifecycle.cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid)
+            decision = lifecycle.decide(view, pods, now, cluster, progress, self.settings)
         patch = status_patch(view.status, decision.status)
         if patch:
             self.writes += 1

@@ -109,3 +109,19 @@ def test_a_job_without_elastic_never_resizes():
     w.step(at(0))
     assert w.status["phase"] == "Pending" and not w.pods
     assert "needs 4 GPUs in 2 pods of 2" in w.events[0].message
+
+
+def test_own_gpus_come_from_the_same_listing_as_the_inventory():
+    """A listing taken before the job's pods bound does not count them; the GPUs "freed" by the
+    job must not then be subtracted a second time from another workload's."""
+    w = elastic_world()
+    w.step(at(0))
+    w.step(at(1))
+    w.bind_all()
+    own = [p for p in w.pods.values() if p["spec"].get("nodeName") == "a"]
+    spec = w.view().spec
+    other = blocker("a", 1)
+    fresh = lifecycle.cluster_view([node("a", 4)], [*own, other], spec, own_uid=w.view().ref.uid)
+    assert fresh.inventory[0].gpus_used == 3 and fresh.own_gpus == {"a": 2}
+    stale = lifecycle.cluster_view([node("a", 4)], [other], spec, own_uid=w.view().ref.uid)
+    assert stale.inventory[0].gpus_used == 1 and stale.own_gpus == {}

@@ -74,7 +74,7 @@ integration: setup
 # kill/resume, suspend/resume, helm upgrade and uninstall (tests/e2e, docs/demo.md). The operator
 # and runtime images are built on first use, cached by input hash.
 e2e: setup
-	$(PYTEST) tests/e2e -q --timeout=1800
+	$(PYTEST) tests/e2e -q --timeout=1800 --durations=8
 
 # Real local cluster from official sources (tests/cluster, docs/cluster.md). CLUSTER_MODE=full
 # (two kubelet nodes, DNS, fake GPUs) or control-plane (etcd, apiserver, controllers only).

@@ -6,6 +6,14 @@ directory, ports, serving certificate and `--hostname-override`, and its own sli
 range on the shared bridge. Each kubelet's pod cgroups sit under its own `cgroupRoot`
 (tests/cluster/cgroups.py), so the two never fight over one `/kubepods` hierarchy.
 
+One path the kubelet does not derive from its root directory: the device-plugin registry
+socket, `/var/lib/kubelet/device-plugins/kubelet.sock`, fixed in the kubelet's source. Each
+kubelet empties that directory and then binds the socket, so two starting at once can race
+(one binds between the other's cleanup and bind: "bind: address already in use", and the
+kubelet exits). `start` therefore starts kubelets one at a time, each after the previous one has
+bound its socket. The later kubelet's cleanup unlinks the earlier one's socket file; that costs
+nothing here, since no device plugin registers (GPUs are patched in, below).
+
 After a node registers, the harness patches `nvidia.com/gpu` into its status capacity and
 allocatable (as Kueue's e2e tests do with kind). The kubelet leaves extended resources it does
 not manage alone when it updates the node status, so the patch stays; `start` verifies it.
@@ -25,6 +33,8 @@ from .layout import Layout, NodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 PAUSE_IMAGE = "localhost/rlkube/pause:dev"
+# Fixed in the kubelet (pluginapi.KubeletSocket), shared by every kubelet on the host.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 
 
 def socket(layout: Layout, node: NodeSpec) -> Path:
@@ -206,6 +216,21 @@ def start_kubelet(layout: Layout, node: NodeSpec) -> None:
     )  # fmt: skip
 
 
+def _kubelet_alive(layout: Layout, node: NodeSpec) -> bool:
+    if not procs.running(layout.state, kubelet_name(node)):
+        raise ProcessExited(f"kubelet of {node.name} exited:\n{procs.log_tail(layout.state, kubelet_name(node))}")
+    return True
+
+
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, ctime) of the socket at `path`, None when absent: a new bind changes it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
 def _node_ready(obj: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
 
@@ -241,12 +266,15 @@ def start(layout: Layout, nodes: list[NodeSpec], timeout: float = 240.0) -> None
     # The sandbox (pause) image must be in each containerd before the kubelet makes a pod.
     images.load(layout, nodes, images.build("pause"))
     for node in nodes:
+        before = _socket_identity(DEVICE_PLUGIN_SOCKET)
         start_kubelet(layout, node)
+        wait_for(f"kubelet of {node.name} to bind {DEVICE_PLUGIN_SOCKET}",
+                 lambda n=node, b=before: _kubelet_alive(layout, n) and _socket_identity(DEVICE_PLUGIN_SOCKET) not in (None, b),
+                 60, diagnose=lambda n=node: procs.log_tail(layout.state, kubelet_name(n)))  # fmt: skip
     client = admin_client(layout)
 
     def ready(node: NodeSpec) -> bool:
-        if not procs.running(layout.state, kubelet_name(node)):
-            raise ProcessExited(f"kubelet of {node.name} exited:\n{procs.log_tail(layout.state, kubelet_name(node))}")
+        _kubelet_alive(layout, node)
         try:
             return _node_ready(client.get(f"/api/v1/nodes/{node.name}"))
         except ApiError as err:

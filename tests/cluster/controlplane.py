@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from . import bins, host, kubeconfig, pki, procs
-from .api import Client, ProcessExited, wait_for
+from .api import Client, wait_for
 from .layout import Layout
 
 ETCD = "etcd"
@@ -152,19 +152,6 @@ def start_controllers(layout: Layout) -> None:
     )  # fmt: skip
 
 
-def _exited(layout: Layout, *names: str) -> str | None:
-    for name in names:
-        if not procs.running(layout.state, name):
-            return f"{name} exited; last log lines:\n{procs.log_tail(layout.state, name)}"
-    return None
-
-
-def _check_alive(layout: Layout, *names: str) -> None:
-    dead = _exited(layout, *names)
-    if dead:
-        raise ProcessExited(dead)
-
-
 def start(layout: Layout, timeout: float = 180.0) -> None:
     """Start the whole control plane and wait until it serves (bounded by `timeout` per stage)."""
     host.ensure(host.CONTROL_PLANE if os.environ.get("RLKUBE_ETCD") == "system" else {"openssl": "openssl"})
@@ -174,7 +161,7 @@ def start(layout: Layout, timeout: float = 180.0) -> None:
     client = admin_client(layout, timeout=5)
 
     def apiserver_ready() -> bool:
-        _check_alive(layout, ETCD, APISERVER)
+        procs.check_alive(layout.state, ETCD, APISERVER)
         return client.healthy("/readyz")
 
     wait_for("kube-apiserver /readyz", apiserver_ready, timeout,
@@ -183,13 +170,13 @@ def start(layout: Layout, timeout: float = 180.0) -> None:
 
     def default_service_account() -> bool:
         # The serviceaccount controller makes it; pods are refused until it exists.
-        _check_alive(layout, CONTROLLER_MANAGER, SCHEDULER)
+        procs.check_alive(layout.state, CONTROLLER_MANAGER, SCHEDULER)
         client.get("/api/v1/namespaces/default/serviceaccounts/default")
         return True
 
     wait_for("the controller-manager (default ServiceAccount)", default_service_account, timeout,
              diagnose=lambda: procs.log_tail(layout.state, CONTROLLER_MANAGER))  # fmt: skip
-    wait_for("kube-scheduler healthz", lambda: _check_alive(layout, SCHEDULER) or _healthz(layout.scheduler_port),
+    wait_for("kube-scheduler healthz", lambda: procs.check_alive(layout.state, SCHEDULER) or _healthz(layout.scheduler_port),
              timeout, diagnose=lambda: procs.log_tail(layout.state, SCHEDULER))  # fmt: skip
 
 

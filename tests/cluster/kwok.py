@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import bins, procs
-from .api import ApiError, ProcessExited, wait_for
+from .api import ApiError, wait_for
 from .controlplane import admin_client
 from .layout import Layout
 
@@ -82,8 +82,7 @@ def add_nodes(layout: Layout, nodes: list[FakeNode], timeout: float = 120.0) -> 
         client.patch(f"/api/v1/nodes/{n.name}/status", {"status": _node(n)["status"]})
 
     def all_ready() -> bool:
-        if not procs.running(layout.state, KWOK):
-            raise ProcessExited(f"kwok exited:\n{procs.log_tail(layout.state, KWOK)}")
+        procs.check_alive(layout.state, KWOK)
         items = client.get("/api/v1/nodes?labelSelector=type%3Dkwok")["items"]
         ready = {
             i["metadata"]["name"]

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from . import bins, cgroups, host, images, kubeconfig, network, pki, procs
-from .api import ApiError, ProcessExited, wait_for
+from .api import ApiError, wait_for
 from .controlplane import admin_client, save_credentials
 from .layout import Layout, NodeSpec
 
@@ -216,12 +216,6 @@ def start_kubelet(layout: Layout, node: NodeSpec) -> None:
     )  # fmt: skip
 
 
-def _kubelet_alive(layout: Layout, node: NodeSpec) -> bool:
-    if not procs.running(layout.state, kubelet_name(node)):
-        raise ProcessExited(f"kubelet of {node.name} exited:\n{procs.log_tail(layout.state, kubelet_name(node))}")
-    return True
-
-
 def _socket_identity(path: Path) -> tuple[int, int] | None:
     """(inode, ctime) of the socket at `path`, None when absent: a new bind changes it."""
     try:
@@ -269,12 +263,12 @@ def start(layout: Layout, nodes: list[NodeSpec], timeout: float = 240.0) -> None
         before = _socket_identity(DEVICE_PLUGIN_SOCKET)
         start_kubelet(layout, node)
         wait_for(f"kubelet of {node.name} to bind {DEVICE_PLUGIN_SOCKET}",
-                 lambda n=node, b=before: _kubelet_alive(layout, n) and _socket_identity(DEVICE_PLUGIN_SOCKET) not in (None, b),
+                 lambda n=node, b=before: procs.check_alive(layout.state, kubelet_name(n)) or _socket_identity(DEVICE_PLUGIN_SOCKET) not in (None, b),
                  60, diagnose=lambda n=node: procs.log_tail(layout.state, kubelet_name(n)))  # fmt: skip
     client = admin_client(layout)
 
     def ready(node: NodeSpec) -> bool:
-        _kubelet_alive(layout, node)
+        procs.check_alive(layout.state, kubelet_name(node))
         try:
             return _node_ready(client.get(f"/api/v1/nodes/{node.name}"))
         except ApiError as err:

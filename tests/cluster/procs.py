@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .api import ProcessExited
+
 
 def start(state: Path, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> int:
     """Start `argv` detached; returns its pid. Refuses if a live process already holds the name."""
@@ -64,6 +66,13 @@ def alive(pid: int) -> bool:
 def running(state: Path, name: str) -> bool:
     pid = read_pid(state, name)
     return bool(pid and alive(pid))
+
+
+def check_alive(state: Path, *names: str) -> None:
+    """Raise ProcessExited, with its last log lines, for the first named process that has died."""
+    for name in names:
+        if not running(state, name):
+            raise ProcessExited(f"{name} exited; last log lines:\n{log_tail(state, name)}")
 
 
 def log_tail(state: Path, name: str, lines: int = 25) -> str:

@@ -104,16 +104,24 @@ def backoff_seconds(restarts: int, settings: Settings) -> float:
 
 
 def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[dict] = (),
-                 own_uid: str = "") -> Cluster:
+                 own_uid: str = "", own_pods: list[dict] | None = None) -> Cluster:
     """The job's view of the cluster: inventory of nodes it may use (nodeSelector, tolerations).
 
     `pods` are the pods bound to nodes; `planned` are rlkube pods not bound yet. Those of other
     jobs count as using GPUs on their planned node (like the scheduler's assumed pods): two jobs
     planned one after the other never get the same free GPUs, and a plan is never admitted onto
     GPUs another admitted gang is about to bind to. The job's own unbound pods do not count.
+
+    `own_pods`, when given, is a fresher listing of the job's own pods than `pods` (the
+    reconciler reads them on every pass; the node-wide listing may be a few seconds old). They
+    replace the job's pods in `pods`: a pod of an earlier attempt that is gone no longer holds
+    its GPUs, so the attempt planned right after an ElasticGrow teardown sees them free.
     """
     from rlkube.operator.observed import owned_by
     from rlkube.operator.placement import inventory_from_objects
+
+    if own_pods is not None and own_uid:
+        pods = [p for p in pods if not owned_by(p, own_uid)] + [p for p in own_pods if owned_by(p, own_uid)]
 
     reserved = []
     for pod in planned:  # pod metadata is enough: planned node and GPUs are annotations

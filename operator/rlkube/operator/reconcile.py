@@ -159,7 +159,7 @@ class Reconciler:
                 # them even while their creates are still in flight (see InventoryCache).
                 with self._inventory_lock:
                     nodes, bound, planned = self.inventory.get()
-                    cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid)
+                    cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs)
                     decision = decide(job, pods, now, cluster, report, self.settings)
                     self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
 

@@ -104,11 +104,18 @@ class World:
         self.nodes = nodes
         self.pods: dict[str, dict] = {}
         self.other_pods: list[dict] = []
+        # The node-wide listing of bound pods the next steps see (None: a fresh one each step).
+        # The reconciler's is cached for a few seconds; its own pods it always lists fresh.
+        self.listing: list[dict] | None = None
         self.events: list[lifecycle.Event] = []
         self.settings = settings
         self.deleted_job = False
         self.writes = 0
         self.created_total = 0
+
+    def bound(self) -> list[dict]:
+        """A fresh listing of the pods bound to nodes (the job's and other workloads')."""
+        return [p for p in [*self.pods.values(), *self.other_pods] if p["spec"].get("nodeName")]
 
     def view(self) -> JobView:
         return JobView.from_object(self.job)
@@ -121,8 +128,9 @@ class World:
         progress = progress or final_report(view, pods)  # as the Reconciler does
         decision = lifecycle.decide(view, pods, now, None, progress, self.settings)
         if decision.need_cluster:
-            bound = [p for p in [*self.pods.values(), *self.other_pods] if p["spec"].get("nodeName")]
-            cluster = lifecycle.cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid)
+            bound = self.listing if self.listing is not None else self.bound()
+            cluster = lifecycle.cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid,
+                                             own_pods=list(self.pods.values()))
             decision = lifecycle.decide(view, pods, now, cluster, progress, self.settings)
         patch = status_patch(view.status, decision.status)
         if patch:

@@ -75,6 +75,24 @@ def test_freed_gpus_grow_the_running_gang_without_counting_a_restart():
     assert w.status["gpus"] == 4
 
 
+def test_the_larger_gang_is_planned_even_when_the_node_listing_still_has_the_old_pod():
+    """The reconciler's node-wide pod listing is cached for seconds; the attempt planned right
+    after the grow teardown must not count the just-deleted pod of the smaller gang as holding its
+    GPUs (CI saw three ElasticGrow restarts in a row, each planning one pod on the other node)."""
+    w = elastic_world(blocked={"a": 2})
+    run(w, 0)
+    (old_pod,) = w.pods.values()
+    assert old_pod["spec"]["nodeName"] == "b"
+    w.other_pods = []
+    w.listing = w.bound()  # taken now: the old pod on b is in it, and stays while the cache lives
+    d = w.step(at(10))
+    assert d.action == "replan" and not w.pods
+
+    d = w.step(at(11))
+    pods = [o for o in d.create if o["kind"] == "Pod"]
+    assert len(pods) == 2 and w.status["gpus"] == 4, w.status
+
+
 def test_at_max_workers_nothing_is_checked_or_changed():
     w = elastic_world()
     run(w, 0)

@@ -68,13 +68,15 @@ class InventoryCache:
         self.ttl = ttl
         self._snapshot: tuple[list[dict], list[dict], list[dict]] | None = None
         self._taken = 0.0
+        self.is_fresh = False  # whether the last get() listed anew
         # pod key -> [when its create request finished (None: not yet), the pod]
         self._ledger: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
 
-    def get(self) -> tuple[list[dict], list[dict], list[dict]]:
-        """(nodes, bound pods, unbound rlkube pods incl. the ledger's)."""
-        if self._snapshot is None or time.monotonic() - self._taken > self.ttl:
+    def get(self, fresh: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
+        """(nodes, bound pods, unbound rlkube pods incl. the ledger's); `fresh`: list now."""
+        self.is_fresh = fresh or self._snapshot is None or time.monotonic() - self._taken > self.ttl
+        if self.is_fresh:
             started = time.monotonic()
             self._snapshot = (self.api.list_nodes(), self.api.list_bound_pods(), self.api.list_planned_pods())
             self._taken = started
@@ -158,9 +160,7 @@ class Reconciler:
                 # enter the inventory's ledger before the lock is released, so the next plan counts
                 # them even while their creates are still in flight (see InventoryCache).
                 with self._inventory_lock:
-                    nodes, bound, planned = self.inventory.get()
-                    cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs)
-                    decision = decide(job, pods, now, cluster, report, self.settings)
+                    decision = self._decide_on_inventory(job, pods, objs, now, report)
                     self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
 
                 created = [o for o in decision.create if o["kind"] == "Pod"]
@@ -175,6 +175,24 @@ class Reconciler:
             return decision
         finally:
             self.metrics.observe_reconcile(action, time.monotonic() - started)
+
+    def _decide_on_inventory(self, job: JobView, pods: list, objs: list[dict], now: dt.datetime,
+                             report: Mapping[str, Any] | None) -> Decision:
+        """Decide with the GPU inventory (caller holds the inventory lock).
+
+        A decision that ends a healthy attempt because of the inventory (an elastic grow, a gang
+        whose planned GPUs were taken before admission: action "replan") restarts every pod of the
+        gang, so it is never taken on a cached listing: another workload's pods bound in the last
+        `ttl` seconds are not in it. It is decided again on a listing taken now."""
+        def on(listing: tuple[list[dict], list[dict], list[dict]]) -> Decision:
+            nodes, bound, planned = listing
+            cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs)
+            return decide(job, pods, now, cluster, report, self.settings)
+
+        decision = on(self.inventory.get())
+        if decision.action == "replan" and not self.inventory.is_fresh:
+            decision = on(self.inventory.get(fresh=True))
+        return decision
 
     def _poll(self, job: JobView, pods: list) -> dict | None:
         """A fresh /progress report of the current attempt's rank 0, while it runs."""

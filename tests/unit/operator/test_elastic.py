@@ -4,10 +4,13 @@ larger (not counted as a failure) once a larger gang fits."""
 
 from __future__ import annotations
 
+import copy
+
 import yaml
 from operator_builders import World, at, job, node
 
 from rlkube.operator import lifecycle, render
+from rlkube.operator.reconcile import Reconciler
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
 
@@ -143,3 +146,86 @@ def test_own_gpus_come_from_the_same_listing_as_the_inventory():
     assert fresh.inventory[0].gpus_used == 3 and fresh.own_gpus == {"a": 2}
     stale = lifecycle.cluster_view([node("a", 4)], [other], spec, own_uid=w.view().ref.uid)
     assert stale.inventory[0].gpus_used == 1 and stale.own_gpus == {}
+
+
+def merge_patch(target: dict, patch: dict) -> dict:
+    """RFC 7386 JSON merge patch, as the API server applies the reconciler's status patches."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class ListingAPI:
+    """The few KubeAPI calls a reconcile of a Running job makes, over a World's objects; the
+    node-wide pod listing is `self.bound` (what the API server would return now)."""
+
+    def __init__(self, w: World) -> None:
+        self.w = w
+        self.bound = w.bound()
+        self.listings = 0
+        self.deleted: list[str] = []
+        self.created: list[str] = []
+
+    def get_job(self, namespace, name):
+        return copy.deepcopy(self.w.job)
+
+    def list_pods(self, namespace, label_selector):
+        return copy.deepcopy(list(self.w.pods.values()))
+
+    def list_nodes(self):
+        self.listings += 1
+        return copy.deepcopy(self.w.nodes)
+
+    def list_bound_pods(self):
+        return copy.deepcopy(self.bound)
+
+    def list_planned_pods(self):
+        return []
+
+    def patch_job_status(self, namespace, name, resource_version, patch):
+        self.w.job["status"] = merge_patch(self.w.status, patch)
+
+    def create(self, obj):
+        self.created.append(obj["metadata"]["name"])
+        return True
+
+    def delete_pod(self, namespace, name, uid=None):
+        self.deleted.append(name)
+
+    def post_event(self, involved, type_, reason, message, **kw):
+        self.w.events.append(lifecycle.Event(type_, reason, message))
+
+
+def running_small_job() -> tuple[World, ListingAPI, Reconciler]:
+    w = elastic_world(blocked={"a": 2})
+    run(w, 0)
+    api = ListingAPI(w)
+    return w, api, Reconciler(api, FAST, progress=lambda ip, port: None)
+
+
+def test_a_grow_is_confirmed_on_a_fresh_listing_before_the_gang_is_restarted():
+    """The cached listing says node a is free, but another workload's pod bound there since:
+    restarting the gang would only plan it small again, so it keeps running."""
+    w, api, reconciler = running_small_job()
+    api.bound = [p for p in api.bound if p["metadata"]["namespace"] != "others"]
+    reconciler.inventory.get()  # cached: node a looks free
+    api.bound = w.bound()       # the API server now: a is held again
+    decision = reconciler.reconcile("team", "tiny")
+    assert decision.action != "replan" and not api.deleted and w.status["phase"] == "Running", decision
+    assert api.listings == 2 and "ElasticGrow" not in w.reasons()
+
+
+def test_a_grow_that_a_fresh_listing_confirms_goes_ahead():
+    w, api, reconciler = running_small_job()
+    w.other_pods = []
+    api.bound = w.bound()
+    reconciler.inventory.get()
+    decision = reconciler.reconcile("team", "tiny")
+    assert decision.action == "replan" and len(api.deleted) == 1 and w.status["phase"] == "Restarting"
+    assert api.listings == 2 and "ElasticGrow" in w.reasons()

@@ -11,7 +11,7 @@ to one word), the same pairs per optimizer step. Two regimes: fixed lengths (eve
 maxSeqLen) and long-tailed lengths (log-normal, median ~300, tail past 2,000, capped at 4,096).
 
 Measured over the timed steps after warm-up: tokens/s of real (non-pad) tokens each trainer
-processed, MFU from the FLOPs the step *needs* (rlkube.runtime.metrics.FlopModel, same formula
+processed, MFU from the FLOPs the step *needs* (rlkube.runtime.infra.metrics.FlopModel, same formula
 for both) against 989 TFLOP/s (H100/H200 datasheet bf16 dense) and against the ~800 TFLOP/s
 matmul ceiling measured on the lent H200 (BENCHMARKS.md), peak memory, set-up time.
 TRL runs with its defaults (gradient checkpointing on, padding to the batch's longest); rlkube
@@ -65,8 +65,8 @@ def runtime_config(args, case: dict, out: str):
 
 
 def run_ours(args, case: dict) -> dict:
-    from rlkube.runtime.distributed import init_from_env
-    from rlkube.runtime.trainer import DPOTrainer
+    from rlkube.runtime.infra.distributed import init_from_env
+    from rlkube.runtime.trainers.dpo import DPOTrainer
 
     out = tempfile.mkdtemp(prefix="bench-ours-")
     t0 = time.perf_counter()
@@ -103,10 +103,10 @@ def pair_flops_per_pair(args, case: dict) -> float:
     """Mean FLOPs one pair needs (FlopModel over the dataset), for TRL's MFU."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlkube.runtime.data import tokenise_pairs
-    from rlkube.runtime.metrics import FlopModel
-    from rlkube.runtime.synthetic import synthetic_pairs
-    from rlkube.runtime.tokenizer import ByteTokenizer
+    from rlkube.runtime.data.preferences import tokenise_pairs
+    from rlkube.runtime.data.synthetic import synthetic_pairs
+    from rlkube.runtime.data.tokenizer import ByteTokenizer
+    from rlkube.runtime.infra.metrics import FlopModel
 
     fields = dict(SHAPES[args.shape])
     with torch.device("meta"):
@@ -138,7 +138,7 @@ def run_trl(args, case: dict, batch: int) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    from rlkube.runtime.synthetic import synthetic_pairs
+    from rlkube.runtime.data.synthetic import synthetic_pairs
 
     n = args.global_batch * (args.warmup + args.steps)
     words = lambda text: "".join(f"w{b} " for b in text.encode())  # noqa: E731  (trailing space: TRL appends "</s>")

@@ -50,8 +50,8 @@ def sync():
 
 def run_ours(args, texts: list[str]) -> dict:
     from rlkube.runtime.config import RuntimeConfig
-    from rlkube.runtime.distributed import init_from_env
-    from rlkube.runtime.rl_trainer import RLTrainer
+    from rlkube.runtime.infra.distributed import init_from_env
+    from rlkube.runtime.trainers.rl import RLTrainer
 
     out = tempfile.mkdtemp(prefix="bench-grpo-ours-")
     data = os.path.join(out, "prompts.jsonl")
@@ -127,8 +127,8 @@ def run_trl(args, texts: list[str]) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
+    from rlkube.runtime.data.tokenizer import ByteTokenizer
     from rlkube.runtime.rewards import target_pattern
-    from rlkube.runtime.tokenizer import ByteTokenizer
 
     cuda = torch.cuda.is_available()
     fields = dict(SHAPES[args.shape])

@@ -91,7 +91,7 @@ def run_hf(model, ids, mask, new: int, device, trl_style: bool = False) -> float
 
 
 def run_ours(decoder, ids, mask, new: int, device, seed: int) -> float:
-    from rlkube.runtime.generation import SamplingParams
+    from rlkube.runtime.engine.generation import SamplingParams
 
     params = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from rlkube.runtime.generation import Decoder
+    from rlkube.runtime.engine.generation import Decoder
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from rlkube.runtime.checkpoint import committed, latest
+from rlkube.runtime.infra.checkpoint import committed, latest
 
 from .conftest import (
     EVERY,
@@ -67,7 +67,7 @@ KILL_IN_SAVE = textwrap.dedent(
     import os, signal, sys, torch
     torch.set_num_threads(1)
     from rlkube.runtime.cli import load_config
-    from rlkube.runtime.trainer import TrainerHooks, train
+    from rlkube.runtime.trainers.dpo import TrainerHooks, train
 
     def die(step):
         if step == int(sys.argv[2]):
@@ -95,7 +95,7 @@ def test_sigkill_during_checkpoint_save_resumes_from_the_previous_commit(referen
 
 def test_injected_oom_shrinks_the_micro_batch_and_the_step_completes(reference_run, tmp_path):
     from rlkube.runtime.config import RuntimeConfig
-    from rlkube.runtime.trainer import TrainerHooks, train
+    from rlkube.runtime.trainers.dpo import TrainerHooks, train
 
     sizes = []
 
@@ -133,9 +133,9 @@ def test_bad_config_exits_3_with_the_field_path(tmp_path):
 
 
 def test_non_finite_loss_stops_before_the_optimizer_step_with_exit_4(tmp_path, monkeypatch):
-    from rlkube.runtime import trainer
     from rlkube.runtime.cli import run_in_process
     from rlkube.runtime.config import RuntimeConfig
+    from rlkube.runtime.trainers import dpo as trainer
 
     monkeypatch.setattr(trainer, "pair_loss", lambda logps, beta, kind: logps.policy_chosen * float("nan"))
     stepped = []

@@ -12,12 +12,12 @@ import torch
 import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlkube.runtime.distributed import init_from_env, shutdown
-from rlkube.runtime.generation import Decoder, SamplingParams
-from rlkube.runtime.hybrid_engine import HybridEngine, parameter_bytes
-from rlkube.runtime.models import shard
-from rlkube.runtime.policy import PolicyModel
-from rlkube.runtime.prompts import left_padded
+from rlkube.runtime.data.prompts import left_padded
+from rlkube.runtime.engine.generation import Decoder, SamplingParams
+from rlkube.runtime.engine.hybrid_engine import HybridEngine, parameter_bytes
+from rlkube.runtime.engine.models import shard
+from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.infra.distributed import init_from_env, shutdown
 
 pytestmark = pytest.mark.slow
 

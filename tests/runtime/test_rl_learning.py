@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlkube.runtime.config import RuntimeConfig
-from rlkube.runtime.rl_trainer import train
+from rlkube.runtime.trainers.rl import train
 
 from .rl_common import rl_config
 

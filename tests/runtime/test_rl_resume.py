@@ -5,9 +5,9 @@ sampling are functions of (seed, step))."""
 import pytest
 import torch
 
-from rlkube.runtime.checkpoint import committed
 from rlkube.runtime.config import RuntimeConfig
-from rlkube.runtime.rl_trainer import train
+from rlkube.runtime.infra.checkpoint import committed
+from rlkube.runtime.trainers.rl import train
 
 from .rl_common import rl_config
 

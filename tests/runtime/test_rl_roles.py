@@ -6,7 +6,7 @@ collectives; the run must finish, checkpoint, and show the same rewards on every
 import pytest
 import yaml
 
-from rlkube.runtime.checkpoint import committed, read_meta
+from rlkube.runtime.infra.checkpoint import committed, read_meta
 
 from .conftest import run_cli
 from .rl_common import TARGET, rl_config

@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from .config import RuntimeConfig
-from .errors import (
+from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.infra.errors import (
     EXIT_CONFIG,
     EXIT_NON_FINITE,
     EXIT_OK,
@@ -71,15 +71,15 @@ def load_config(path: str) -> RuntimeConfig:
 def run(config: RuntimeConfig, **kwargs):
     """Train `config` in this process (one rank); the algorithm's result."""
     if config.algorithm == "dpo":
-        from .trainer import train
+        from rlkube.runtime.trainers.dpo import train
 
         return train(config, **kwargs)
     try:
-        from . import rl_trainer
+        from rlkube.runtime.trainers import rl as rl_trainer
     except ImportError as e:
-        if e.name and e.name.endswith("rl_trainer"):
+        if e.name and e.name.endswith("trainers.rl"):
             raise ConfigError(
-                f"algorithm: {config.algorithm} needs rlkube.runtime.rl_trainer, which is not part of this build"
+                f"algorithm: {config.algorithm} needs rlkube.runtime.trainers.rl, which is not part of this build"
             ) from None
         raise
     return rl_trainer.train(config, **kwargs)
@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     if ns.verb == "doctor":
-        from .doctor import main as doctor
+        from rlkube.runtime.infra.doctor import main as doctor
 
         return doctor([c for c in ns.require.split(",") if c])
     if ns.verb not in ("run", "train"):
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from .launch import launch_mode, pod_rank_env, spawn_workers
-    from .progress import serve_health_early
+    from rlkube.runtime.infra.launch import launch_mode, pod_rank_env, spawn_workers
+    from rlkube.runtime.infra.progress import serve_health_early
 
     mode = launch_mode(dict(os.environ))
     if mode == "spawn":

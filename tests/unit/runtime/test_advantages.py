@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlkube.runtime.advantages import gae, group_normalized_advantages, masked_mean, whiten
+from rlkube.runtime.algorithms.advantages import gae, group_normalized_advantages, masked_mean, whiten
 
 
 def reference_gae(rewards, values, gamma, lam):

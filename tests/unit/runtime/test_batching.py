@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlkube.runtime.batching import (
+from rlkube.runtime.config import BatchingSpec
+from rlkube.runtime.trainers.batching import (
     OOM_HOLD_STEPS,
     WINDOW,
     AdaptiveBatcher,
@@ -12,7 +13,6 @@ from rlkube.runtime.batching import (
     rank_shares,
     split_share,
 )
-from rlkube.runtime.config import BatchingSpec
 
 
 def costs(lengths):

@@ -4,8 +4,8 @@ import json
 
 import torch
 
-from rlkube.runtime.checkpoint import META, Checkpointer, committed, latest, step_dir
-from rlkube.runtime.distributed import DistContext
+from rlkube.runtime.infra.checkpoint import META, Checkpointer, committed, latest, step_dir
+from rlkube.runtime.infra.distributed import DistContext
 
 
 def fake(root, step, meta=True):

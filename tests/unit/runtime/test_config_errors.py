@@ -3,7 +3,7 @@
 import pytest
 
 from rlkube.runtime.cli import load_config, main
-from rlkube.runtime.errors import EXIT_CONFIG, ConfigError
+from rlkube.runtime.infra.errors import EXIT_CONFIG, ConfigError
 
 GOOD = """
 algorithm: dpo

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rlkube.runtime.config import DataSpec
-from rlkube.runtime.data import fit_to_length, load_preference_data
-from rlkube.runtime.tokenizer import ByteTokenizer
+from rlkube.runtime.data.preferences import fit_to_length, load_preference_data
+from rlkube.runtime.data.tokenizer import ByteTokenizer
 
 ROWS = [
     {"prompt": "2+2=", "chosen": "4", "rejected": "5"},

@@ -1,6 +1,6 @@
 """doctor's capability check (the report itself is read from this machine)."""
 
-from rlkube.runtime.doctor import device_report, main, missing
+from rlkube.runtime.infra.doctor import device_report, main, missing
 
 
 def test_missing_names_each_capability():

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from rlkube.runtime.dpo import PairLogps, ipo_loss, pair_loss, pair_stats, sigmoid_loss
+from rlkube.runtime.algorithms.dpo import PairLogps, ipo_loss, pair_loss, pair_stats, sigmoid_loss
 
 
 def logps(pc, pr, rc, rr, nc=(1.0,), nr=(1.0,)):

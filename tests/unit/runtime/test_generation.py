@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlkube.runtime.generation import Decoder, SamplingParams, generate, sample_tokens
+from rlkube.runtime.engine.generation import Decoder, SamplingParams, generate, sample_tokens
 
 torch.set_num_threads(1)
 VOCAB, PAD = 64, 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlkube.runtime.grpo import (
+from rlkube.runtime.algorithms.grpo import (
     fraction_of_groups_with_signal,
     group_layout,
     group_of,

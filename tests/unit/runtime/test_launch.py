@@ -2,7 +2,7 @@
 
 import signal
 
-from rlkube.runtime.launch import gang_exit_code, launch_mode, pod_rank_env, worker_envs
+from rlkube.runtime.infra.launch import gang_exit_code, launch_mode, pod_rank_env, worker_envs
 
 
 def test_launch_mode():

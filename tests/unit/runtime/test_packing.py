@@ -4,17 +4,17 @@ import pytest
 import torch
 
 from rlkube.runtime.config import ModelSpec
-from rlkube.runtime.data import PreferenceData
-from rlkube.runtime.logprobs import SequenceLogprobs, token_logprobs
-from rlkube.runtime.packing import block_causal_mask, pack_pairs, pad_pairs
-from rlkube.runtime.tokenizer import ByteTokenizer
+from rlkube.runtime.data.packing import block_causal_mask, pack_pairs, pad_pairs
+from rlkube.runtime.data.preferences import PreferenceData
+from rlkube.runtime.data.tokenizer import ByteTokenizer
+from rlkube.runtime.engine.logprobs import SequenceLogprobs, token_logprobs
 
 TOK = ByteTokenizer()
 
 
 @pytest.fixture(scope="module")
 def lm():
-    from rlkube.runtime.models import build_causal_lm
+    from rlkube.runtime.engine.models import build_causal_lm
 
     torch.set_num_threads(1)
     spec = ModelSpec(

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlkube.runtime.policy import PolicyModel
-from rlkube.runtime.value_model import ValueModel
+from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.engine.value_model import ValueModel
 
 torch.set_num_threads(1)
 

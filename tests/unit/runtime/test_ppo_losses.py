@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlkube.runtime.ppo import (
+from rlkube.runtime.algorithms.ppo import (
     actor_loss,
     entropy_from_logits,
     kl_divergence,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlkube.runtime.prefetch import Prefetcher
+from rlkube.runtime.data.prefetch import Prefetcher
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from rlkube.runtime.progress import FIELDS, Progress, ProgressServer, write_termination_message
+from rlkube.runtime.infra.progress import FIELDS, Progress, ProgressServer, write_termination_message
 
 
 def get(port, path):
@@ -67,7 +67,7 @@ def test_health_is_served_early_and_the_loop_adopts_the_same_server(monkeypatch)
     then attaches its Progress to that server instead of binding the port a second time."""
     import socket
 
-    from rlkube.runtime import progress as progress_mod
+    from rlkube.runtime.infra import progress as progress_mod
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,12 +4,8 @@ import pytest
 import torch
 
 from rlkube.runtime.config import ModelSpec
-from rlkube.runtime.rewards import (
-    build_reward_model,
-    load_reward_function,
-    score_with_function,
-    target_pattern,
-)
+from rlkube.runtime.rewards import load_reward_function, score_with_function, target_pattern
+from rlkube.runtime.rewards.model import build_reward_model
 
 torch.set_num_threads(1)
 

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from rlkube.runtime.bucketing import bucketed_batches, padding_fraction
-from rlkube.runtime.sampler import StepSampler
-from rlkube.runtime.synthetic import sample_lengths, synthetic_pairs
+from rlkube.runtime.data.bucketing import bucketed_batches, padding_fraction
+from rlkube.runtime.data.sampler import StepSampler
+from rlkube.runtime.data.synthetic import sample_lengths, synthetic_pairs
 
 
 def test_order_is_a_function_of_seed_and_step():

@@ -30,8 +30,8 @@ from contextlib import contextmanager
 
 import torch
 
-from .generation import Decoder, GenerationOutput, SamplingParams
-from .policy import PolicyModel
+from rlkube.runtime.engine.generation import Decoder, GenerationOutput, SamplingParams
+from rlkube.runtime.engine.policy import PolicyModel
 
 # With the actor's gradients dropped, offload the optimizer state for generation only when less
 # than this share of the device's memory is free (the KV cache then needs the room).

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .generation import attention_mode
-from .logprobs import body_and_head
-from .policy import response_hidden
+from rlkube.runtime.engine.generation import attention_mode
+from rlkube.runtime.engine.logprobs import body_and_head
+from rlkube.runtime.engine.policy import response_hidden
 
 
 class ValueModel(torch.nn.Module):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from .bucketing import bucketed_batches
+from rlkube.runtime.data.bucketing import bucketed_batches
 
 
 class StepSampler:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkube.runtime.advantages import masked_mean
+from rlkube.runtime.algorithms.advantages import masked_mean
 
 # exp() of a log-ratio beyond this overflows float32 long before it means anything; the k3
 # estimator clamps there so one wild token cannot turn the KL into inf.

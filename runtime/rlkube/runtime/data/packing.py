@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import PreferenceData
+from rlkube.runtime.data.preferences import PreferenceData
 
 
 @dataclass

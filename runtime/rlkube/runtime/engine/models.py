@@ -22,9 +22,9 @@ import logging
 
 import torch
 
-from .config import ModelSpec
-from .distributed import DistContext
-from .log import warn_once
+from rlkube.runtime.config import ModelSpec
+from rlkube.runtime.infra.distributed import DistContext
+from rlkube.runtime.infra.log import warn_once
 
 log = logging.getLogger("rlkube.runtime")
 

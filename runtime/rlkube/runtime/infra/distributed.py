@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as tdist
 
-from .log import log, setup_logging
+from rlkube.runtime.infra.log import log, setup_logging
 
 START_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("RLKUBE_START_TIMEOUT_S", "1800")))
 TRAIN_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("RLKUBE_TRAIN_TIMEOUT_S", "600")))

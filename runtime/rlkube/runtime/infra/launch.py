@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from .errors import EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
+from rlkube.runtime.infra.errors import EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
 
 CRASH_GRACE_S = 20.0
 

@@ -43,25 +43,26 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as tdist
 
-from .advantages import gae, whiten
-from .checkpoint import Checkpointer
-from .config import RuntimeConfig
-from .distributed import DistContext, all_reduce_max, all_reduce_sum
-from .errors import ConfigError, NonFiniteLoss
-from .generation import SamplingParams
-from .grpo import fraction_of_groups_with_signal, group_layout, grpo_advantages
-from .hybrid_engine import HybridEngine
-from .log import log
-from .loop import run_steps, train_on_this_rank
-from .metrics import FlopModel, GpuMonitor, peak_flops
-from .models import build_causal_lm, shard
-from .policy import PolicyModel
-from .ppo import actor_loss, shaped_rewards, value_loss
-from .prompts import PromptData, left_padded, load_prompt_data
-from .rewards import build_reward_model, load_reward_function, score_with_function
-from .sampler import StepSampler
-from .tokenizer import load_tokenizer
-from .trainer import TrainerHooks, learning_rate
+from rlkube.runtime.algorithms.advantages import gae, whiten
+from rlkube.runtime.algorithms.grpo import fraction_of_groups_with_signal, group_layout, grpo_advantages
+from rlkube.runtime.algorithms.ppo import actor_loss, shaped_rewards, value_loss
+from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.data.prompts import PromptData, left_padded, load_prompt_data
+from rlkube.runtime.data.sampler import StepSampler
+from rlkube.runtime.data.tokenizer import load_tokenizer
+from rlkube.runtime.engine.generation import SamplingParams
+from rlkube.runtime.engine.hybrid_engine import HybridEngine
+from rlkube.runtime.engine.models import build_causal_lm, shard
+from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.infra.checkpoint import Checkpointer
+from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
+from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss
+from rlkube.runtime.infra.log import log
+from rlkube.runtime.infra.metrics import FlopModel, GpuMonitor, peak_flops
+from rlkube.runtime.rewards import load_reward_function, score_with_function
+from rlkube.runtime.rewards.model import build_reward_model
+from rlkube.runtime.trainers.dpo import TrainerHooks, learning_rate
+from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
 
 PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens
 
@@ -160,7 +161,7 @@ class RLTrainer:
             ref_lm, _ = build_causal_lm(spec, device, seed=tcfg.seed)
             self.reference = self._frozen(ref_lm)
         if self.algorithm == "ppo" and "critic" in self.here:
-            from .value_model import ValueModel
+            from rlkube.runtime.engine.value_model import ValueModel
 
             spec = cfg.roles.critic.model or cfg.model
             critic_lm, _ = build_causal_lm(spec, device, seed=tcfg.seed)

@@ -15,8 +15,8 @@ from typing import TypeVar
 
 import torch
 
-from rlkube.runtime.advantages import group_normalized_advantages
-from rlkube.runtime.ppo import actor_loss
+from rlkube.runtime.algorithms.advantages import group_normalized_advantages
+from rlkube.runtime.algorithms.ppo import actor_loss
 
 T = TypeVar("T")
 

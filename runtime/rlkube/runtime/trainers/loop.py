@@ -18,11 +18,22 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .config import RuntimeConfig
-from .distributed import DistContext, all_reduce_max, init_from_env, shutdown, tighten_timeout
-from .errors import NonFiniteLoss, Terminated
-from .log import emit, log, setup_logging
-from .progress import Progress, ProgressServer, adopt_early_server, write_termination_message
+from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.infra.distributed import (
+    DistContext,
+    all_reduce_max,
+    init_from_env,
+    shutdown,
+    tighten_timeout,
+)
+from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
+from rlkube.runtime.infra.log import emit, log, setup_logging
+from rlkube.runtime.infra.progress import (
+    Progress,
+    ProgressServer,
+    adopt_early_server,
+    write_termination_message,
+)
 
 
 class SigtermFlag:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .packing import TokenBatch
+from rlkube.runtime.data.packing import TokenBatch
 
 DEFAULT_CHUNK = 4096
 

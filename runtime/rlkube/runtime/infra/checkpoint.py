@@ -35,8 +35,8 @@ import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .distributed import DistContext, barrier
-from .log import emit
+from rlkube.runtime.infra.distributed import DistContext, barrier
+from rlkube.runtime.infra.log import emit
 
 META = "rlkube-checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")

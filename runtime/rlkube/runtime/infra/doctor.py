@@ -18,8 +18,8 @@ def device_report() -> dict:
     import torch
     import torch.distributed as tdist
 
-    from .metrics import GpuMonitor
-    from .models import flash_attn_available, pick_attention
+    from rlkube.runtime.engine.models import flash_attn_available, pick_attention
+    from rlkube.runtime.infra.metrics import GpuMonitor
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import DataSpec
-from .data import data_files
-from .tokenizer import Tokenizer
+from rlkube.runtime.config import DataSpec
+from rlkube.runtime.data.preferences import data_files
+from rlkube.runtime.data.tokenizer import Tokenizer
 
 _SYNTHETIC_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
 

@@ -34,26 +34,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
-from .checkpoint import Checkpointer
-from .config import RuntimeConfig
-from .data import PreferenceData, load_preference_data
-from .distributed import (
+from rlkube.runtime.algorithms.dpo import PairLogps, pair_loss, pair_stats
+from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
+from rlkube.runtime.data.preferences import PreferenceData, load_preference_data
+from rlkube.runtime.data.prefetch import Prefetcher
+from rlkube.runtime.data.sampler import StepSampler
+from rlkube.runtime.data.tokenizer import load_tokenizer
+from rlkube.runtime.engine.logprobs import SequenceLogprobs
+from rlkube.runtime.engine.models import build_causal_lm, frozen_copy, shard
+from rlkube.runtime.infra.checkpoint import Checkpointer
+from rlkube.runtime.infra.distributed import (
     DistContext,
     all_reduce_max,
     all_reduce_sum,
 )
-from .dpo import PairLogps, pair_loss, pair_stats
-from .errors import ConfigError, NonFiniteLoss
-from .log import log, warn_once
-from .logprobs import SequenceLogprobs
-from .loop import run_steps, train_on_this_rank
-from .metrics import FlopModel, GpuMonitor, peak_flops
-from .models import build_causal_lm, frozen_copy, shard
-from .packing import TokenBatch, pack_pairs, pad_pairs
-from .prefetch import Prefetcher
-from .sampler import StepSampler
-from .tokenizer import load_tokenizer
+from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss
+from rlkube.runtime.infra.log import log, warn_once
+from rlkube.runtime.infra.metrics import FlopModel, GpuMonitor, peak_flops
+from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
+from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
 
 
 @dataclass

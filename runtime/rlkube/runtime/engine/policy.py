@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .generation import attention_mode, padded_causal_mask
-from .logprobs import DEFAULT_CHUNK, body_and_head, token_logprobs
-from .ppo import entropy_from_logits
+from rlkube.runtime.algorithms.ppo import entropy_from_logits
+from rlkube.runtime.engine.generation import attention_mode, padded_causal_mask
+from rlkube.runtime.engine.logprobs import DEFAULT_CHUNK, body_and_head, token_logprobs
 
 
 def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from .config import DataSpec
-from .synthetic import synthetic_pairs
-from .tokenizer import Tokenizer
+from rlkube.runtime.config import DataSpec
+from rlkube.runtime.data.synthetic import synthetic_pairs
+from rlkube.runtime.data.tokenizer import Tokenizer
 
 SPECIALS = 2  # bos + eos
 

@@ -1,0 +1,1 @@
+"""Training data: sources and formats, tokenizers, packing, length bucketing, the step sampler, prefetch."""

@@ -1,0 +1,1 @@
+"""Models and what runs them: loading, log-probs, generation (decoder), the hybrid engine, value head."""

@@ -1,0 +1,1 @@
+"""What every run needs around the math: distributed groups, launch, checkpoints, progress, metrics, logs."""

@@ -16,7 +16,7 @@ PYTEST     := $(PY) -m pytest -p no:cacheprovider
 .PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
-.PHONY: runtime-tests
+.PHONY: training-tests
 
 help:
 	@echo "make demo         local cluster + operator (Helm) + tiny DPO job trained on CPU stubs"
@@ -98,10 +98,10 @@ images:
 	for n in $(LOCAL_IMAGES); do \
 	  $(PYTHON_SYS) -c "import sys; sys.path.insert(0, '.'); from tests.cluster import images; print(images.build('$$n'))"; done
 
-runtime-tests: setup
-	$(PYTEST) tests/runtime -q
+training-tests: setup
+	$(PYTEST) tests/training -q
 
-test: lint unit crds-check runtime-tests integration e2e
+test: lint unit crds-check training-tests integration e2e
 
 # The README's main job: local cluster, images, `helm install`, the tiny DPO job to Succeeded,
 # its status and events (tests/e2e/demo.py, docs/demo.md). The cluster stays up afterwards.

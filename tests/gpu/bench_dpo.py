@@ -47,7 +47,7 @@ PEAK_MEASURED = 800e12
 
 
 def runtime_config(args, case: dict, out: str):
-    from rlkube.runtime.config import RuntimeConfig
+    from rlkube.runtime.contract.config import RuntimeConfig
 
     cuda = torch.cuda.is_available()
     return RuntimeConfig.model_validate({

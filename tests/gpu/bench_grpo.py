@@ -49,7 +49,7 @@ def sync():
 
 
 def run_ours(args, texts: list[str]) -> dict:
-    from rlkube.runtime.config import RuntimeConfig
+    from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.infra.distributed import init_from_env
     from rlkube.runtime.trainers.rl import RLTrainer
 

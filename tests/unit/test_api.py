@@ -11,7 +11,7 @@ from rltj_builders import REWARD_FUNCTION, job, roles, spec
 
 from rlkube.operator import api
 from rlkube.operator.cli import load_documents
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """The `RLTrainingJob` API (group rlkube.io, version v1alpha1): pydantic v2 types.
 
-The spec embeds the runtime's own config sections (`rlkube.runtime.config`: model, roles, data,
+The spec embeds the runtime's own config sections (`rlkube.runtime.contract.config`: model, roles, data,
 batching, training, rollout, checkpoint) unchanged, so every such field is described, bounded and
 validated in one place, and adds what only the operator needs: placement, elasticity, run policy
 and the pod template knobs (image, resources, node selection).
@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from rlkube.runtime.config import (
+from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
     MAX_PATH_LEN,
     ROLE_NAMES,
@@ -499,7 +499,7 @@ class RLTrainingJobSpec(Spec):
         return self.total_gpus() // self.placement.gpus_per_pod
 
     def device_map(self) -> dict[str, list[int]]:
-        """Global ranks of each role (see `rlkube.runtime.config.device_map`)."""
+        """Global ranks of each role (see `rlkube.runtime.contract.config.device_map`)."""
         return device_map(self.roles)
 
     def runtime_config(self, device_map: dict[str, list[int]] | None = None) -> RuntimeConfig:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from rlkube.operator import api
-from rlkube.runtime.config import ROLE_NAMES
+from rlkube.runtime.contract.config import ROLE_NAMES
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 HEADER = (

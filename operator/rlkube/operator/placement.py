@@ -4,7 +4,7 @@ A pure function of the job's request and the cluster's GPU inventory; it never t
 
 Ranks and pods. The job's GPUs are numbered as global ranks. Each role with GPUs of its own gets
 a contiguous range in canonical order (actor first): the device map, identical to
-`rlkube.runtime.config.device_map`. Colocated roles (and roles with `gpus: 0`, which run on the
+`rlkube.runtime.contract.config.device_map`. Colocated roles (and roles with `gpus: 0`, which run on the
 actor's processes) share the range of the role they run on. Ranks are packed into pods of
 `gpus_per_pod` consecutive ranks, so pod i holds ranks [i*g, (i+1)*g); a pod runs on one node, a
 node may host several pods of the job, and no node is ever given more GPUs than it has free.
@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkube.runtime.config import ROLE_NAMES
+from rlkube.runtime.contract.config import ROLE_NAMES
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_KEY = "kubernetes.io/hostname"

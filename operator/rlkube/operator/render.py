@@ -42,7 +42,7 @@ from rlkube.operator.observed import (
     JobRef,
 )
 from rlkube.operator.placement import GPU_RESOURCE, Placement, PodPlan
-from rlkube.runtime.config import ROLE_NAMES, RuntimeConfig
+from rlkube.runtime.contract.config import ROLE_NAMES, RuntimeConfig
 
 MASTER_PORT = 29500
 CONFIG_DIR = "/etc/rlkube"

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.errors import (
     EXIT_CONFIG,
     EXIT_NON_FINITE,

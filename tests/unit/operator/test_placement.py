@@ -20,7 +20,7 @@ from rlkube.operator.placement import (
     plan_placement,
     request_from_spec,
 )
-from rlkube.runtime.config import RolesSpec, device_map
+from rlkube.runtime.contract.config import RolesSpec, device_map
 
 CLIQUE = "nvidia.com/gpu.clique"
 HOST = "kubernetes.io/hostname"

@@ -12,7 +12,7 @@ from rlkube.operator import render
 from rlkube.operator.api import MAX_JOB_NAME_LEN, parse_spec
 from rlkube.operator.observed import JobRef
 from rlkube.operator.placement import Placement, PodPlan
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 
 JOB = JobRef(name="tiny", namespace="team", uid="u-1")
 

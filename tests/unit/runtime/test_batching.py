@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlkube.runtime.config import BatchingSpec
+from rlkube.runtime.contract.config import BatchingSpec
 from rlkube.runtime.trainers.batching import (
     OOM_HOLD_STEPS,
     WINDOW,

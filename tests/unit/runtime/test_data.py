@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlkube.runtime.config import DataSpec
+from rlkube.runtime.contract.config import DataSpec
 from rlkube.runtime.data.preferences import fit_to_length, load_preference_data
 from rlkube.runtime.data.tokenizer import ByteTokenizer
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlkube.runtime.config import ModelSpec
+from rlkube.runtime.contract.config import ModelSpec
 from rlkube.runtime.data.packing import block_causal_mask, pack_pairs, pad_pairs
 from rlkube.runtime.data.preferences import PreferenceData
 from rlkube.runtime.data.tokenizer import ByteTokenizer

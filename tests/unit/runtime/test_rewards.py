@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlkube.runtime.config import ModelSpec
+from rlkube.runtime.contract.config import ModelSpec
 from rlkube.runtime.rewards import load_reward_function, score_with_function, target_pattern
 from rlkube.runtime.rewards.model import build_reward_model
 

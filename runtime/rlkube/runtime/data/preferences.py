@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rlkube.runtime.config import DataSpec
+from rlkube.runtime.contract.config import DataSpec
 from rlkube.runtime.data.synthetic import synthetic_pairs
 from rlkube.runtime.data.tokenizer import Tokenizer
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkube.runtime.config import DataSpec
+from rlkube.runtime.contract.config import DataSpec
 from rlkube.runtime.data.preferences import data_files
 from rlkube.runtime.data.tokenizer import Tokenizer
 

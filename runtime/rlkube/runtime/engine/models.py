@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from rlkube.runtime.config import ModelSpec
+from rlkube.runtime.contract.config import ModelSpec
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.log import warn_once
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkube.runtime.config import ModelSpec
+from rlkube.runtime.contract.config import ModelSpec
 from rlkube.runtime.engine.generation import attention_mode, padded_causal_mask
 from rlkube.runtime.engine.models import pick_attention, resolve_dtype
 from rlkube.runtime.engine.policy import positions_of

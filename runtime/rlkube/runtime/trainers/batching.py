@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from rlkube.runtime.config import BatchingSpec
+from rlkube.runtime.contract.config import BatchingSpec
 
 WINDOW = 8
 GROW_BELOW = 0.8  # grow when peak < 0.8 x target fraction

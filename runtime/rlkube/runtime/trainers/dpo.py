@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlkube.runtime.algorithms.dpo import PairLogps, pair_loss, pair_stats
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
 from rlkube.runtime.data.preferences import PreferenceData, load_preference_data
 from rlkube.runtime.data.prefetch import Prefetcher

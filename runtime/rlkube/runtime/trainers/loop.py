@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.distributed import (
     DistContext,
     all_reduce_max,

@@ -46,7 +46,7 @@ import torch.distributed as tdist
 from rlkube.runtime.algorithms.advantages import gae, whiten
 from rlkube.runtime.algorithms.grpo import fraction_of_groups_with_signal, group_layout, grpo_advantages
 from rlkube.runtime.algorithms.ppo import actor_loss, shaped_rewards, value_loss
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.prompts import PromptData, left_padded, load_prompt_data
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer

@@ -74,7 +74,7 @@ def step_losses(recs: list[dict]) -> dict[int, float]:
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
     """One uninterrupted in-process run of STEPS steps: its per-step losses and accuracies."""
-    from rlkube.runtime.config import RuntimeConfig
+    from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.trainers.dpo import train
 
     torch.set_num_threads(1)

@@ -94,7 +94,7 @@ def test_sigkill_during_checkpoint_save_resumes_from_the_previous_commit(referen
 
 
 def test_injected_oom_shrinks_the_micro_batch_and_the_step_completes(reference_run, tmp_path):
-    from rlkube.runtime.config import RuntimeConfig
+    from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.trainers.dpo import TrainerHooks, train
 
     sizes = []
@@ -134,7 +134,7 @@ def test_bad_config_exits_3_with_the_field_path(tmp_path):
 
 def test_non_finite_loss_stops_before_the_optimizer_step_with_exit_4(tmp_path, monkeypatch):
     from rlkube.runtime.cli import run_in_process
-    from rlkube.runtime.config import RuntimeConfig
+    from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.trainers import dpo as trainer
 
     monkeypatch.setattr(trainer, "pair_loss", lambda logps, beta, kind: logps.policy_chosen * float("nan"))

@@ -5,7 +5,7 @@ sampling are functions of (seed, step))."""
 import pytest
 import torch
 
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.checkpoint import committed
 from rlkube.runtime.trainers.rl import train
 

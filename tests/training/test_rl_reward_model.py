@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.trainers.rl import train
 
 from .rl_common import TINY_MODEL, rl_config

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import torch
 
-from rlkube.runtime.config import RuntimeConfig
+from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.trainers.rl import train
 
 from .rl_common import rl_config

@@ -1,0 +1,148 @@
+"""The status of an RLTrainingJob, written by the operator only (pods never write to the API).
+
+These models give `status` its CRD schema; `rlkube.operator.status` computes the values.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from rlkube.operator.api_limits import (
+    DNS_LABEL_MAX,
+    LABEL_KEY_MAX,
+    LABEL_VALUE_MAX,
+    MAX_GPUS_PER_POD,
+    MAX_PODS,
+    MAX_TOTAL_GPUS,
+)
+from rlkube.runtime.contract.config import MAX_NAME_LEN, ROLE_NAMES
+
+
+class Status(BaseModel):
+    """Base of status models: camelCase, unknown fields ignored (kopf keeps its own state there)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+Phase = Literal["Pending", "Scheduling", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+
+
+class Condition(Status):
+    """A condition in the shape of the built-in controllers' (metav1.Condition)."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        description="Condition type in CamelCase: Placed, Ready, Progressing, Succeeded, Failed, Suspended.",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field(
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="One CamelCase word saying why, e.g. Unschedulable, BackoffLimitExceeded.",
+    )
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed for."
+    )
+
+
+class RoleStatus(Status):
+    """Readiness of one role's device group."""
+
+    ranks: list[int] = Field(
+        default_factory=list, max_length=MAX_TOTAL_GPUS, description="Global ranks of the role."
+    )
+    pods: int = Field(default=0, ge=0, le=MAX_PODS, description="Pods holding at least one of its ranks.")
+    ready_pods: int = Field(default=0, ge=0, le=MAX_PODS, description="Of those, pods that are Ready.")
+    ready: bool = Field(default=False, description="All of its pods are Ready.")
+
+
+class PodPlacementStatus(Status):
+    """Where one pod of the gang runs."""
+
+    name: str = Field(max_length=DNS_LABEL_MAX, description="Pod name.")
+    index: int = Field(ge=0, le=MAX_PODS, description="Pod index (NODE_RANK).")
+    node: str = Field(max_length=MAX_NAME_LEN, description="Node the pod is planned on or bound to.")
+    ranks: list[int] = Field(
+        default_factory=list, max_length=MAX_GPUS_PER_POD, description="Global ranks in the pod."
+    )
+    roles: list[Literal["actor", "critic", "reward", "reference"]] = Field(
+        default_factory=list, max_length=len(ROLE_NAMES), description="Roles with a rank in the pod."
+    )
+
+
+class PlacementStatus(Status):
+    """The placement the operator chose."""
+
+    pods: list[PodPlacementStatus] = Field(
+        default_factory=list, max_length=MAX_PODS, description="Node of each pod, by pod index."
+    )
+    device_map: dict[str, Annotated[list[int], Field(max_length=MAX_TOTAL_GPUS)]] = Field(
+        default_factory=dict, max_length=len(ROLE_NAMES), description="Global ranks of each role."
+    )
+    domains: dict[str, Annotated[str, Field(max_length=LABEL_KEY_MAX + 1 + LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict,
+        max_length=len(ROLE_NAMES),
+        description="Per role, 'topologyKey=value' of the tightest domain that holds its group.",
+    )
+    fallback: bool = Field(
+        default=False,
+        description="True when a preferred placement could not keep some group inside one domain.",
+    )
+
+
+class ProgressStatus(Status):
+    """Training progress, as rank 0's /progress last reported it."""
+
+    step: int | None = Field(default=None, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, ge=0, description="Optimizer steps the run will do.")
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Real (non-pad) tokens trained per second, whole job."
+    )
+    mfu: float | None = Field(default=None, ge=0, description="Model FLOPs utilization, 0 to 1.")
+    gpu_utilization: float | None = Field(
+        default=None, ge=0, description="Mean GPU utilization over the job's GPUs, 0 to 1."
+    )
+    loss: float | None = Field(default=None, description="Training loss of the latest step.")
+    reward_mean: float | None = Field(default=None, description="Mean rollout reward (ppo, grpo).")
+    updated_at: datetime | None = Field(default=None, description="When this was last read.")
+
+
+class RLTrainingJobStatus(Status):
+    """Observed state of the job, written by the operator."""
+
+    phase: Phase = Field(
+        default="Pending",
+        description="Pending (accepted, not yet placed), Scheduling (placed, pods starting), Running, "
+        "Restarting (gang restarting from a checkpoint), Succeeded, Failed, Suspended.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Latest observations of the job's state, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed for."
+    )
+    gpus: int | None = Field(
+        default=None, ge=0, le=MAX_TOTAL_GPUS, description="GPUs of the job (sum of the roles' own gpus)."
+    )
+    roles: dict[str, RoleStatus] = Field(
+        default_factory=dict, max_length=len(ROLE_NAMES), description="Readiness of each role's group."
+    )
+    placement: PlacementStatus | None = Field(default=None, description="Where the gang's pods run.")
+    progress: ProgressStatus | None = Field(default=None, description="Training progress.")
+    restarts: int = Field(
+        default=0, ge=0, description="Gang restarts so far after retriable failures (counted against "
+        "runPolicy.backoffLimit)."
+    )
+    start_time: datetime | None = Field(default=None, description="When the gang's pods were first created.")
+    completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")

@@ -147,3 +147,44 @@ def test_state_round_trip():
     c = AdaptiveBatcher(spec(), packed=True)
     c.load_state_dict(b.state_dict())
     assert (c.budget, c.hold, c.max_mb) == (b.budget, b.hold, b.max_mb)
+
+
+def test_busy_of_a_window_is_the_step_time_weighted_mean():
+    from rlkube.runtime.trainers.batching import window_busy
+
+    steps = [Measurement(0.3, 0.9, seconds=1.0), Measurement(0.3, 0.5, seconds=3.0), Measurement(0.3, None, 2.0)]
+    assert window_busy(steps) == pytest.approx((0.9 * 1 + 0.5 * 3) / 4)
+    assert window_busy([Measurement(0.3, 0.2), Measurement(0.3, 0.6)]) == pytest.approx(0.4)  # no times: equal
+    assert window_busy([Measurement(0.3, None, 1.0)]) is None
+
+
+def test_one_short_idle_step_does_not_make_the_batcher_grow_fast():
+    # the case: a read of 4% on one step while the window was busy; the min of per-step
+    # values would double the budget, the time-weighted mean keeps the modest growth
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    for _ in range(WINDOW - 1):
+        assert b.observe(Measurement(0.3, 0.95, seconds=1.0)) is None
+    msg = b.observe(Measurement(0.3, 0.04, seconds=0.1))
+    assert b.budget == 1250 and "GPU utilization 94%" in msg
+
+
+def test_a_long_underused_step_in_the_window_makes_it_grow_fast():
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    b.observe(Measurement(0.3, 0.3, seconds=8.0))
+    for _ in range(WINDOW - 1):
+        b.observe(Measurement(0.3, 0.95, seconds=1.0))
+    assert b.budget == 2000  # (0.3 x 8 + 0.95 x 7) / 15 = 0.60 busy: 2x
+
+
+def test_memory_over_target_shrinks_whatever_the_busy_fraction():
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.8), packed=True)
+    for k in range(WINDOW):
+        b.observe(Measurement(0.5 if k else 0.96, 0.1, seconds=1.0))
+    assert b.budget == int(1000 * 0.8 / 0.96 * 0.95)
+
+
+def test_steps_without_busy_samples_still_adapt_on_memory():
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    for _ in range(WINDOW):
+        b.observe(Measurement(0.3, None, seconds=1.0))
+    assert b.budget == 1250  # no busy fraction: the modest growth, never the fast one

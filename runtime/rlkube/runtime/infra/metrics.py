@@ -11,6 +11,11 @@ MFU counts the FLOPs the step needs, not the FLOPs a particular implementation s
 Peak: `RLKUBE_PEAK_TFLOPS` if set, else 989 TFLOP/s (datasheet bf16 dense) for H100/H200; the
 team's measured H200 matmul ceiling (~800 TFLOP/s, BENCHMARKS.md) is `MEASURED_H200_PEAK` and
 benchmarks report against both. On CPU there is no peak and MFU is None.
+
+GPU busy time (gpu_busy.py) is exported on rank 0's /metrics as
+`rlkube_gpu_busy_ratio{role,rank,phase}`: the mean busy fraction of rank `rank`'s GPU over the
+last step (phase="step") and over each phase of it (phase="generate", "optimizer", ...); `role`
+is the roles that rank holds, joined by "+". A phase with no sample in the step keeps no series.
 """
 
 from __future__ import annotations
@@ -68,6 +73,37 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
         if key in name:
             return value, f"{key} datasheet bf16 dense"
     return None, f"unknown card {name!r}: set RLKUBE_PEAK_TFLOPS"
+
+
+class BusyGauges:
+    """`rlkube_gpu_busy_ratio{role,rank,phase}` in a Prometheus registry (rank 0's /metrics)."""
+
+    NAME = "rlkube_gpu_busy_ratio"
+
+    def __init__(self, registry, role_ranks: dict[str, list[int]]) -> None:
+        from prometheus_client import Gauge
+
+        self.gauge = Gauge(self.NAME, "Mean GPU busy fraction (NVML, sampled at 10 Hz) over the last step "
+                           "(phase=step) and over each phase of it, 0..1", ["role", "rank", "phase"],
+                           registry=registry)
+        self.role_ranks = role_ranks
+
+    def role_of(self, rank: int) -> str:
+        return "+".join(sorted(r for r, ranks in self.role_ranks.items() if rank in ranks)) or "none"
+
+    def set(self, ranks: list[dict[str, float | None]]) -> None:
+        """One row a rank, as `gpu_busy.JobBusy.ranks`: phase name -> mean or None."""
+        for rank, row in enumerate(ranks):
+            role = self.role_of(rank)
+            for phase, value in row.items():
+                labels = (role, str(rank), phase)
+                if value is None:
+                    try:
+                        self.gauge.remove(*labels)
+                    except KeyError:
+                        pass
+                else:
+                    self.gauge.labels(*labels).set(value)
 
 
 class GpuMonitor:

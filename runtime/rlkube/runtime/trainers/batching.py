@@ -13,12 +13,16 @@ decisions are tested without a GPU.
    micro-batch; a rank with fewer would hang the others): shorter plans are split further, and
    a rank with fewer samples than micro-batches gets empty ones (the trainer runs them with
    weight 0).
-3. `AdaptiveBatcher.observe`: after each step, the peak memory fraction and the GPU utilization
-   (the maximum / minimum over ranks, so every rank decides the same) go into a sliding window.
-   Once the window is full: peak above the target -> shrink the budget in proportion; peak well
-   below the target -> grow it in proportion to the headroom (faster when utilization is low:
-   the GPU is waiting on small kernels), up to `MAX_GROWTH` x maxTokensPerGpu. Every change
-   clears the window, so each decision is based on steps run at the current budget.
+3. `AdaptiveBatcher.observe`: after each step, the peak memory fraction and the GPU busy
+   fraction go into a sliding window of `WINDOW` steps. The busy fraction is itself a windowed
+   value: the mean of the 10 Hz busy samples over the step (gpu_busy.py), never one NVML read
+   (one read after a `synchronize` sees the idle tail and said 4% on a GPU busy a third of the
+   time). Both are the maximum / minimum over ranks, so every rank decides the same. Once the
+   window is full: peak above the target -> shrink the budget in proportion; peak well below
+   the target -> grow it in proportion to the headroom (faster when the window's busy fraction,
+   weighted by step time, is low: the GPU is waiting on small kernels), up to `MAX_GROWTH` x
+   maxTokensPerGpu. Every change clears the window, so each decision is based on steps run at
+   the current budget.
 4. `AdaptiveBatcher.on_oom`: halve what the failing micro-batch cost (not below one sample) and
    hold growth for `OOM_HOLD_STEPS`; the trainer re-plans and redoes the step, so no step is lost.
 
@@ -54,7 +58,18 @@ class Measurement:
     """One step's measurements (max over ranks for memory, min for utilization)."""
 
     peak_memory_fraction: float | None  # peak allocated / device memory
-    gpu_utilization: float | None  # 0..1 over the step
+    gpu_utilization: float | None  # 0..1: mean busy fraction over the step (sampled), not one read
+    seconds: float | None = None  # the step's wall time: weights its busy fraction in the window
+
+
+def window_busy(window: list[Measurement] | deque[Measurement]) -> float | None:
+    """The busy fraction of a window of steps: each step's mean weighted by its time (steps
+    without a time weigh 1); None when no step measured it."""
+    pairs = [(m.gpu_utilization, m.seconds if m.seconds and m.seconds > 0 else 1.0)
+             for m in window if m.gpu_utilization is not None]
+    if not pairs:
+        return None
+    return sum(u * w for u, w in pairs) / sum(w for _, w in pairs)
 
 
 def rank_shares(costs: list[SampleCost], world_size: int) -> list[list[SampleCost]]:
@@ -167,8 +182,7 @@ class AdaptiveBatcher:
             return None
         target = self.spec.target_utilization
         peak = max(w.peak_memory_fraction for w in self.window)  # type: ignore[type-var]
-        utils = [w.gpu_utilization for w in self.window if w.gpu_utilization is not None]
-        util = min(utils) if utils else None
+        util = window_busy(self.window)
         old = self.budget
         if peak > target:
             self.budget = max(self.min_budget, int(self.budget * target / peak * 0.95))

@@ -1,0 +1,82 @@
+"""Before admission: where the gang goes, and when it may start binding to nodes. Pure.
+
+Rule 6 (no plan for this attempt: plan it, create the gang and admit it in one step) and rule 7
+(a plan whose admission is not recorded yet: create the missing pods, then remove every gate at
+once if the plan still fits the free GPUs, else re-plan). With Volcano or Kueue the admission is
+theirs: rlkube sets no gate and hands the pods over as they are.
+"""
+
+from __future__ import annotations
+
+from rlkube.operator import render
+from rlkube.operator.lifecycle.cluster import largest_plan, plan_fits
+from rlkube.operator.lifecycle.decider import Decider, Gang
+from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
+from rlkube.operator.observed import format_time
+from rlkube.operator.placement import Unplaceable
+from rlkube.operator.status import condition
+
+
+def plan_and_admit(d: Decider) -> Decision:
+    """No plan for this attempt: plan the largest gang that fits, create it and admit it."""
+    s, job, spec = d.s, d.job, d.job.spec
+    if d.cluster is None:
+        return NEED_CLUSTER
+    placement = largest_plan(spec, d.cluster.inventory)
+    if isinstance(placement, Unplaceable):
+        reason = placement.reason
+        old = condition(job.status, "Placed") or {}
+        if old.get("reason") != "Unschedulable" or old.get("message") != reason:
+            d.event("Warning", "Unschedulable", reason)
+        return d.finish("Pending", "Unschedulable", reason, action="unschedulable",
+                        requeue_after=d.settings.unschedulable_retry_seconds)
+    s.placement = placement
+    s.next_attempt_time = None
+    if s.start_time is None:
+        s.start_time = format_time(d.now)
+    messages = list(placement.messages)
+    if spec.elastic is not None:
+        messages.append(f"elastic: {len(placement.pods)} pods of minWorkers {spec.elastic.min_workers}.."
+                        f"maxWorkers {spec.elastic.max_workers}, the most the free GPUs fit")
+    d.event("Normal", "Placed", f"attempt {s.attempt}: " + "; ".join(messages))
+    if placement.fallback:
+        d.event("Warning", "PlacementFallback", "; ".join(placement.messages))
+    objects = render.render(job.ref, d.sized_spec(), placement, s.attempt)
+    # The plan was made on a fresh inventory that counts every other job's unbound pods, so the
+    # whole gang fits now: admit it in the same step. The pods are still created gated and the
+    # gates removed only after every create succeeded, so no pod binds while its gang is
+    # incomplete.
+    s.admission_time = format_time(d.now)
+    ungate = []
+    if render.uses_gang_gate(job.ref, spec):
+        ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in objects if o["kind"] == "Pod"]
+    d.event("Normal", "Admitted", f"gang of {len(placement.pods)} pods fits: created and ungated together")
+    return d.finish("Scheduling", "Admitted", f"creating {len(placement.pods)} pods", action="create",
+                    create=objects, ungate=ungate, requeue_after=float(spec.placement.gang_timeout_seconds))
+
+
+def admit(d: Decider, gang: Gang) -> Decision:
+    """A plan not admitted yet: create its missing pods, then admit it if it still fits."""
+    s, job, spec, placement = d.s, d.job, gang.spec, gang.placement
+    if gang.missing:
+        objects = [render.render_service(job.ref), render.render_configmap(job.ref, spec, placement.device_map)]
+        objects += [render.render_pod(job.ref, spec, placement, plan, s.attempt) for plan in gang.missing]
+        return d.finish("Scheduling", "Placed", f"creating {len(gang.missing)} missing pods",
+                        action="create", create=objects)
+    gated = gang.gated
+    if gang.gated_by_us and gated:
+        if d.cluster is None:
+            return NEED_CLUSTER
+        why = plan_fits(placement, d.cluster, spec.placement.gpus_per_pod)
+        if why is not None:
+            return d.teardown("Replan", f"gang not admitted: {why}", counted=False, event_type="Normal")
+        s.admission_time = format_time(d.now)
+        d.event("Normal", "Admitted",
+                f"all {len(gang.current)} pods exist and the plan fits: scheduling gates removed")
+        return d.finish("Scheduling", "Admitted", "gang admitted, waiting for pods to bind",
+                        action="ungate",
+                        ungate=[Ungate(p.name, p.gate_position, s.attempt) for p in gated],
+                        requeue_after=float(spec.placement.gang_timeout_seconds))
+    # Nothing of ours gates the pods (Volcano/Kueue admit), or the gates are already off.
+    s.admission_time = format_time(d.now)
+    return d.finish("Scheduling", "Admitted", "pods handed to the scheduler", action="admit")

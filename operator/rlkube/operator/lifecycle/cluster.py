@@ -1,0 +1,98 @@
+"""What planning sees of the cluster, and the two questions the lifecycle asks of it. Pure.
+
+`cluster_view` turns listed nodes and pods into the job's `Cluster` (the nodes it may use, with
+the GPUs other workloads hold or are about to hold); `largest_plan` plans the biggest gang the
+spec allows on it; `plan_fits` says whether a plan made earlier still fits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkube.operator import render
+from rlkube.operator.observed import owned_by
+from rlkube.operator.placement import (
+    NodeInventory,
+    Placement,
+    Unplaceable,
+    inventory_from_objects,
+    plan_placement,
+    request_from_spec,
+)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What planning sees of the cluster: the job's usable nodes, and the names of all nodes."""
+
+    inventory: list[NodeInventory]
+    node_names: frozenset[str]
+    own_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs the job's own bound pods hold
+
+
+def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[dict] = (),
+                 own_uid: str = "", own_pods: list[dict] | None = None) -> Cluster:
+    """The job's view of the cluster: inventory of nodes it may use (nodeSelector, tolerations).
+
+    `pods` are the pods bound to nodes; `planned` are rlkube pods not bound yet. Those of other
+    jobs count as using GPUs on their planned node (like the scheduler's assumed pods): two jobs
+    planned one after the other never get the same free GPUs, and a plan is never admitted onto
+    GPUs another admitted gang is about to bind to. The job's own unbound pods do not count.
+
+    `own_pods`, when given, is a fresher listing of the job's own pods than `pods` (the
+    reconciler reads them on every pass; the node-wide listing may be a few seconds old). They
+    replace the job's pods in `pods`: a pod of an earlier attempt that is gone no longer holds
+    its GPUs, so the attempt planned right after an ElasticGrow teardown sees them free.
+    """
+    if own_pods is not None and own_uid:
+        pods = [p for p in pods if not owned_by(p, own_uid)] + [p for p in own_pods if owned_by(p, own_uid)]
+
+    reserved = []
+    for pod in planned:  # pod metadata is enough: planned node and GPUs are annotations
+        meta = pod.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        node = notes.get(render.PLANNED_NODE_ANNOTATION)
+        if node and not owned_by(pod, own_uid) and not meta.get("deletionTimestamp"):
+            gpus = notes.get(render.GPUS_ANNOTATION, "0")
+            reserved.append({"metadata": meta, "spec": {"nodeName": node, "containers": [
+                {"name": "trainer", "resources": {"requests": {render.GPU_RESOURCE: gpus}}}]}})
+    inventory = inventory_from_objects(nodes, [*pods, *reserved], tolerations=list(spec.tolerations))
+    selector = dict(spec.node_selector or {})
+    if selector:
+        inventory = [n for n in inventory if all(n.labels.get(k) == v for k, v in selector.items())]
+    names = frozenset((n.get("metadata") or {}).get("name") for n in nodes)
+    # From the same listing as the inventory, so "free if this job let go" is exact even when
+    # the listing is a little older than the job's own pod list.
+    own = inventory_from_objects(nodes, [p for p in pods if own_uid and owned_by(p, own_uid)],
+                                 tolerations=list(spec.tolerations))
+    return Cluster(inventory=inventory, node_names=names, own_gpus={n.name: n.gpus_used for n in own if n.gpus_used})
+
+
+def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str | None:
+    """None when every planned node still has the free GPUs its pods need, else why not."""
+    need: dict[str, int] = {}
+    for plan in placement.pods:
+        need[plan.node] = need.get(plan.node, 0) + gpus_per_pod
+    free = {n.name: n.gpus_free for n in cluster.inventory}
+    for node, gpus in sorted(need.items()):
+        if node not in free:
+            return f"planned node {node} is gone, unschedulable or not Ready"
+        if free[node] < gpus:
+            return f"planned node {node} has {free[node]} free GPUs, the plan needs {gpus}"
+    return None
+
+
+def largest_plan(spec: Any, inventory: list[NodeInventory]) -> Placement | Unplaceable:
+    """The plan at the largest gang size the spec allows (`worker_counts`) that fits `inventory`;
+    when none fits, the Unplaceable of the smallest size, whose reason is the one to fix."""
+    failed = Unplaceable("no gang size to plan")
+    for workers in spec.worker_counts():
+        try:
+            return plan_placement(request_from_spec(spec.with_workers(workers)), inventory)
+        except Unplaceable as exc:
+            failed = exc
+    if spec.elastic is not None:
+        return Unplaceable(f"elastic: not even minWorkers {spec.elastic.min_workers} pods fit: {failed.reason}")
+    return failed

@@ -1,0 +1,190 @@
+"""One lifecycle decision in the making: what was observed, the fields being decided, and the
+three ways a decision ends (finish in a phase, fail the job, tear the gang down). Pure.
+
+The rule modules (`rules`, `admission`, `repair`, `outcome`) read the observed facts from a
+`Decider` and end by calling one of its outcome builders, so every decision's status is
+summarized the same way and every teardown bumps the attempt in the same status write that says
+why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkube.operator import render
+from rlkube.operator.lifecycle.cluster import Cluster
+from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
+from rlkube.operator.observed import JobView, PodView, format_time
+from rlkube.operator.placement import Placement, PodPlan
+from rlkube.operator.status import Lifecycle, condition, placement_from_status, summarize
+
+
+@dataclass
+class AttemptState:
+    """The lifecycle fields being decided (starts as what the last status recorded)."""
+
+    phase: str
+    attempt: int
+    restarts: int
+    placement: Placement | None
+    start_time: str | None
+    completion_time: str | None
+    next_attempt_time: str | None
+    admission_time: str | None
+    events: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> AttemptState:
+        return cls(
+            phase=str(status.get("phase") or ""),
+            attempt=int(status.get("attempt") or 0),
+            restarts=int(status.get("restarts") or 0),
+            placement=placement_from_status(status.get("placement")),
+            start_time=status.get("startTime"),
+            completion_time=status.get("completionTime"),
+            next_attempt_time=status.get("nextAttemptTime"),
+            admission_time=status.get("admissionTime"),
+        )
+
+
+@dataclass(frozen=True)
+class Gang:
+    """This attempt's plan next to the job's pods that are not being deleted."""
+
+    placement: Placement
+    spec: Any                       # sized to the plan (see Decider.sized_spec)
+    current: list[PodView]          # the planned pods that exist, in plan order
+    missing: list[PodPlan]          # the planned pods that do not
+    gated_by_us: bool               # rlkube's scheduling gate admits the gang (not Volcano/Kueue)
+
+    @property
+    def gated(self) -> list[PodView]:
+        return [p for p in self.current if p.gated]
+
+
+class Decider:
+    """The observed facts of one decision and the state being decided, with its outcome builders."""
+
+    def __init__(self, job: JobView, pods: list[PodView], now: dt.datetime, cluster: Cluster | None,
+                 progress: Mapping[str, Any] | None, settings: Settings, state: AttemptState) -> None:
+        self.job = job
+        self.pods = pods
+        self.now = now
+        self.cluster = cluster
+        self.progress = progress
+        self.settings = settings
+        self.s = state
+        self.old_phase = state.phase
+
+    # -- observed facts -----------------------------------------------------------------------
+
+    def sized_spec(self) -> Any:
+        """The spec at the size of this attempt's plan: an elastic job's gang may have more or
+        fewer pods than its roles' GPUs make, and its pods, ConfigMap and world size follow the plan."""
+        spec, placement = self.job.spec, self.s.placement
+        if spec is None or placement is None or spec.elastic is None:
+            return spec
+        return spec.with_workers(len(placement.pods))
+
+    def pod_names(self) -> list[str]:
+        spec = self.sized_spec()
+        return render.pod_names(self.job.name, spec) if spec else []
+
+    def gang(self) -> Gang:
+        """The gang of this attempt's plan (which must exist) as observed."""
+        placement, spec = self.s.placement, self.sized_spec()
+        assert placement is not None
+        by_index = {p.index: p for p in self.pods if not p.terminating}
+        return Gang(
+            placement=placement,
+            spec=spec,
+            current=[by_index[plan.index] for plan in placement.pods if plan.index in by_index],
+            missing=[plan for plan in placement.pods if plan.index not in by_index],
+            gated_by_us=render.uses_gang_gate(self.job.ref, spec),
+        )
+
+    def active(self) -> list[PodView]:
+        """Pods still running or waiting to run (not finished, not being deleted)."""
+        return [p for p in self.pods if not p.finished and not p.terminating]
+
+    def deletable(self) -> list[str]:
+        return [p.name for p in self.pods if not p.terminating]
+
+    def kept_reason(self, default: str) -> str:
+        """Keep the reason of the teardown that started this restart while it is in progress."""
+        cond = condition(self.job.status, "Progressing")
+        if self.old_phase == "Restarting" and cond is not None and cond.get("reason"):
+            return str(cond["reason"])
+        return default
+
+    # -- outcome builders ---------------------------------------------------------------------
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.s.events.append(Event(type_, reason, message))
+
+    def finish(
+        self,
+        phase: str,
+        reason: str,
+        message: str = "",
+        *,
+        action: str = "wait",
+        create: Sequence[dict] = (),
+        delete: Sequence[str] = (),
+        ungate: Sequence[Ungate] = (),
+        delete_job: bool = False,
+        requeue_after: float | None = None,
+    ) -> Decision:
+        s = self.s
+        lifecycle = Lifecycle(
+            phase=phase,
+            reason=reason,
+            message=message,
+            attempt=s.attempt,
+            restarts=s.restarts,
+            placement=s.placement,
+            start_time=s.start_time,
+            completion_time=s.completion_time,
+            next_attempt_time=s.next_attempt_time,
+            admission_time=s.admission_time,
+        )
+        # A report counts while training runs and on the way to the end (the final report of
+        # the termination message); a restarting or suspended gang keeps its last one.
+        progress = self.progress if phase in ("Running", "Succeeded", "Failed") else None
+        status = summarize(self.job, self.pods, progress, self.now, lifecycle, self.pod_names())
+        return Decision(
+            status=status,
+            create=tuple(create),
+            delete=tuple(delete),
+            ungate=tuple(ungate),
+            delete_job=delete_job,
+            events=tuple(s.events),
+            requeue_after=requeue_after,
+            action=action,
+        )
+
+    def fail(self, reason: str, message: str) -> Decision:
+        if self.s.completion_time is None:
+            self.s.completion_time = format_time(self.now)
+        self.event("Warning", reason, message)
+        return self.finish("Failed", reason, message, action="fail", delete=[p.name for p in self.active()])
+
+    def teardown(self, reason: str, message: str, counted: bool, event_type: str = "Warning") -> Decision:
+        """End this attempt: attempt+1 recorded with the reason; every pod is deleted."""
+        s = self.s
+        s.attempt += 1
+        s.placement = None
+        s.admission_time = None
+        if counted:
+            s.restarts += 1
+            wait = backoff_seconds(s.restarts, self.settings)
+            s.next_attempt_time = format_time(self.now + dt.timedelta(seconds=wait))
+            message = f"{message}; restart {s.restarts}/{self.job.spec.run_policy.backoff_limit} in {wait:g}s"
+        else:
+            s.next_attempt_time = None
+        self.event(event_type, reason, message)
+        return self.finish("Restarting", reason, message, action="restart" if counted else "replan",
+                           delete=self.deletable(), requeue_after=1.0)

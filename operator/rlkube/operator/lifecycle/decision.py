@@ -1,0 +1,58 @@
+"""What a lifecycle decision returns, and the operator-side timing knobs it obeys. Pure.
+
+A `Decision` is applied by the reconciler in a fixed order (status first, with a resourceVersion
+precondition, then deletes, creates, ungates), so everything in it is intent already recorded
+in `status` before it is acted on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator-side timing knobs (not part of a job's spec)."""
+
+    backoff_base_seconds: float = 10.0     # first restart waits this long, then doubles
+    backoff_max_seconds: float = 300.0
+    unschedulable_retry_seconds: float = 15.0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str      # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Ungate:
+    """Remove the gang gate at `position` of pod `name`, if the pod is still of `attempt`."""
+
+    name: str
+    position: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: dict | None = None                  # the new .status (None only with need_cluster)
+    create: tuple[dict, ...] = ()               # objects, in order: Service, ConfigMap, pods
+    delete: tuple[str, ...] = ()                # pod names
+    ungate: tuple[Ungate, ...] = ()
+    delete_job: bool = False
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None          # seconds; None: wait for the next event or resync
+    need_cluster: bool = False                  # call again with `cluster` (nodes and pods listed)
+    action: str = "wait"                        # one word, for logs and metrics
+
+
+# Asked for when a rule needs the GPU inventory and the caller did not list it (listing nodes and
+# every bound pod is the expensive part of a reconcile, so it is done only on demand).
+NEED_CLUSTER = Decision(need_cluster=True, action="observe")
+
+
+def backoff_seconds(restarts: int, settings: Settings) -> float:
+    """Wait before restart number `restarts` (1-based): base, 2x base, 4x base ... capped."""
+    return min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** max(0, restarts - 1))

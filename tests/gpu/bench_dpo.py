@@ -1,7 +1,10 @@
 """DPO training speed, side by side in one run: rlkube's trainer vs TRL's DPOTrainer.
 
-One command (on the device machine, after installing the carried wheels):
+On a machine with a CUDA GPU, from the repository root (the default --token-budget 32768 peaked
+at 111 GiB on an H200 of 140 GiB; use a smaller budget on a smaller card):
+    pip install -e '.[runtime]' trl datasets      # docs/benchmarks.md names the versions measured
     PYTHONPATH=runtime python3 tests/gpu/bench_dpo.py            # Qwen2.5-1.5B shape, both regimes
+    PYTHONPATH=runtime python3 tests/gpu/bench_dpo.py --cases fixed   # one regime (or longTailed)
     PYTHONPATH=runtime python3 tests/gpu/bench_dpo.py --shape tiny --steps 2 --warmup 1   # CPU smoke
 
 Same for both: a Qwen2.5-1.5B-shaped model from its config (random init: speed does not depend
@@ -13,7 +16,7 @@ maxSeqLen) and long-tailed lengths (log-normal, median ~300, tail past 2,000, ca
 Measured over the timed steps after warm-up: tokens/s of real (non-pad) tokens each trainer
 processed, MFU from the FLOPs the step *needs* (rlkube.runtime.infra.metrics.FlopModel, same formula
 for both) against 989 TFLOP/s (H100/H200 datasheet bf16 dense) and against the ~800 TFLOP/s
-matmul ceiling measured on the lent H200 (BENCHMARKS.md), peak memory, set-up time.
+bf16 matmul ceiling measured on an H200 (docs/benchmarks.md), peak memory, set-up time.
 TRL runs with its defaults (gradient checkpointing on, padding to the batch's longest); rlkube
 with packing and a token budget, no gradient checkpointing (the budget keeps it in memory).
 Prints one JSON object per case, then a table.

@@ -1,6 +1,7 @@
 """One GRPO step, side by side in one run: rlkube's RL trainer vs TRL's GRPOTrainer (no vLLM).
 
-One command (on the device machine, after installing the carried wheels):
+On a machine with a CUDA GPU, from the repository root:
+    pip install -e '.[runtime]' trl datasets      # docs/benchmarks.md names the versions measured
     PYTHONPATH=runtime python3 tests/gpu/bench_grpo.py
     PYTHONPATH=runtime python3 tests/gpu/bench_grpo.py --shape tiny --prompts 2 --group 4 --new-tokens 8 --steps 1  # CPU smoke
 

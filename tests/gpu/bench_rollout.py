@@ -1,6 +1,7 @@
 """Rollout decode speed, side by side in one run: rlkube's generation vs HF `model.generate`.
 
-One command (on the device machine):
+On a machine with a CUDA GPU, from the repository root:
+    pip install -e '.[runtime]'
     PYTHONPATH=runtime python3 tests/gpu/bench_rollout.py
     PYTHONPATH=runtime python3 tests/gpu/bench_rollout.py --shape tiny --batches 4 --new-tokens 16  # CPU smoke
 
@@ -16,9 +17,9 @@ the way TRL's GRPOTrainer does.
 
 Decode floor: per decode step the GPU must read every weight once and the KV cache of every
 row (mean context = prompt + half the new tokens); floor seconds = those bytes / 4.2 TB/s (the
-device-to-device copy bandwidth measured on the lent H200, BENCHMARKS.md). "floor fraction" =
-floor time / measured time per step. Decode tokens/s counts generated tokens only, over the
-whole call (prefill included, for both).
+device-to-device copy bandwidth measured on an H200, docs/benchmarks.md; on another card, set
+COPY_BANDWIDTH to its own). "floor fraction" = floor time / measured time per step. Decode
+tokens/s counts generated tokens only, over the whole call (prefill included, for both).
 """
 
 from __future__ import annotations

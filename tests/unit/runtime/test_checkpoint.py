@@ -75,3 +75,87 @@ def test_a_save_killed_before_commit_leaves_the_previous_one_latest(tmp_path):
     ck.save(15, model, opt, {})  # the next commit removes the dead temp directory
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     assert [s for s, _ in committed(tmp_path)] == [5, 15]
+
+
+def test_background_save_returns_before_the_write_and_commits_a_snapshot(tmp_path):
+    import threading
+
+    ctx = DistContext()
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx, background=True)
+    model, opt = model_and_optimizer(0)
+    expected = [p.detach().clone() for p in model.parameters()]
+    release, writing = threading.Event(), threading.Event()
+
+    def pause(step):
+        writing.set()
+        assert release.wait(timeout=30)
+
+    ck.before_write = pause
+    ck.save(4, model, opt, {"batcher": {"budget": 4}})
+    assert writing.wait(timeout=30)
+    assert committed(tmp_path) == []  # the writer is held: nothing committed yet
+    with torch.no_grad():  # training goes on while it writes: the checkpoint keeps step 4's state
+        for p in model.parameters():
+            p.add_(1.0)
+    release.set()
+    ck.close()
+    assert [s for s, _ in committed(tmp_path)] == [4]
+    assert len(ck.stalls) == 1 and ck.stalls[0] >= 0
+    other, other_opt = model_and_optimizer(1)
+    meta = Checkpointer(str(tmp_path), keep=3, ctx=ctx).restore(other, other_opt)
+    assert meta["step"] == 4 and meta["trainer"]["batcher"]["budget"] == 4
+    for a, b in zip(expected, other.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_save_due_while_one_is_writing_waits_for_it(tmp_path):
+    import threading
+
+    ck = Checkpointer(str(tmp_path), keep=5, ctx=DistContext(), background=True)
+    model, opt = model_and_optimizer(0)
+    release = threading.Event()
+    order = []
+
+    def hold_first(step):
+        order.append(("write", step))
+        if step == 1:
+            assert release.wait(timeout=30)
+
+    ck.before_write = hold_first
+    ck.save(1, model, opt, {})
+    second = threading.Thread(target=ck.save, args=(2, model, opt, {}))
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive()  # blocked behind the write of step 1, not started beside it
+    assert order == [("write", 1)]
+    release.set()
+    second.join(timeout=30)
+    ck.close()
+    assert order == [("write", 1), ("write", 2)]
+    assert [s for s, _ in committed(tmp_path)] == [1, 2]
+
+
+def test_a_failed_background_write_is_raised_by_wait_and_commits_nothing(tmp_path):
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=DistContext(), background=True)
+    model, opt = model_and_optimizer(0)
+
+    class Killed(Exception):
+        pass
+
+    def die(step):
+        raise Killed
+
+    ck.before_commit = die
+    ck.save(7, model, opt, {})
+    try:
+        ck.wait()
+        raise AssertionError("wait() must raise the writer's error")
+    except Killed:
+        pass
+    assert latest(tmp_path) is None
+    assert any(p.name.startswith(".tmp-step-000000007") for p in tmp_path.iterdir())
+    ck.before_commit = None
+    ck.save(8, model, opt, {})
+    ck.close()
+    assert [s for s, _ in committed(tmp_path)] == [8]
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())

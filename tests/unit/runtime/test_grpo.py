@@ -10,8 +10,11 @@ from rlkube.runtime.algorithms.grpo import (
     group_layout,
     group_of,
     grpo_advantages,
-    grpo_loss,
 )
+from rlkube.runtime.algorithms.registry import get_policy_loss
+from rlkube.runtime.contract.config import TrainingSpec
+
+grpo_loss = get_policy_loss("grpo")  # the objective the RL trainer uses for algorithm grpo
 
 
 def test_group_layout_is_consecutive():
@@ -44,8 +47,8 @@ def test_grpo_loss_matches_formula_with_clip_higher_and_kl():
             terms.append((pg, math.exp(x) - x - 1))
     want = sum(p for p, _ in terms) / len(terms) + beta * sum(k for _, k in terms) / len(terms)
     loss, metrics = grpo_loss(
-        torch.tensor(logp), torch.tensor(old), adv, torch.tensor(mask), lo, hi,
-        ref_logprobs=torch.tensor(ref), kl_coef=beta,
+        torch.tensor(logp), torch.tensor(old), adv, torch.tensor(mask), TrainingSpec(clip=lo, clip_high=hi, kl=beta),
+        ref_logprobs=torch.tensor(ref),
     )
     assert float(loss) == pytest.approx(want, abs=1e-5)
     assert metrics["kl"] > 0
@@ -54,18 +57,13 @@ def test_grpo_loss_matches_formula_with_clip_higher_and_kl():
 def test_clip_higher_lets_positive_advantage_ratio_grow_further():
     logp = torch.tensor([[math.log(1.25)]], requires_grad=True)  # ratio 1.25
     args = (torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1))
-    symmetric, _ = grpo_loss(logp, *args, clip_low=0.2)
+    symmetric, _ = grpo_loss(logp, *args, TrainingSpec(clip=0.2))
     symmetric.backward()
     assert logp.grad.item() == 0.0  # clipped at 1.2
     logp.grad = None
-    higher, _ = grpo_loss(logp, *args, clip_low=0.2, clip_high=0.28)
+    higher, _ = grpo_loss(logp, *args, TrainingSpec(clip=0.2, clip_high=0.28))
     higher.backward()
     assert logp.grad.item() == pytest.approx(-1.25)
-
-
-def test_grpo_loss_rejects_token_level_advantages():
-    with pytest.raises(ValueError, match=r"advantages must be \[batch\]"):
-        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), 0.2)
 
 
 def test_fraction_of_groups_with_signal():

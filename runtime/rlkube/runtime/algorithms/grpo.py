@@ -1,11 +1,12 @@
-"""GRPO: group sampling layout and the GRPO objective.
+"""GRPO: group sampling layout and group-normalised advantages.
 
 GRPO samples `group_size` completions per prompt and uses each completion's reward relative to
 its group as the advantage of every one of its tokens; there is no critic. What this module
 keeps from the DeepSeekMath recipe: group-normalised advantages, the clipped surrogate, an
 optional KL-to-reference loss (k3 by default). What it adds: DAPO's clip-higher (a separate
 upper clip), and token-mean aggregation over the whole mini-batch instead of the paper's
-per-sequence mean, so long completions are not down-weighted per token.
+per-sequence mean, so long completions are not down-weighted per token. The objective itself is
+PPO's `actor_loss` with clip-higher, registered as the "grpo" policy loss in `registry.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import TypeVar
 import torch
 
 from rlkube.runtime.algorithms.advantages import group_normalized_advantages
-from rlkube.runtime.algorithms.ppo import actor_loss
 
 T = TypeVar("T")
 
@@ -39,42 +39,6 @@ def group_of(index: int, group_size: int) -> int:
 def grpo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True) -> torch.Tensor:
     """One advantage per completion; groups whose rewards are all equal get 0 (no signal)."""
     return group_normalized_advantages(rewards, group_size, scale_by_std=scale_by_std)
-
-
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO objective: clipped surrogate with per-sequence advantages + kl_coef * KL loss.
-
-    advantages: `[batch]` (from `grpo_advantages`), broadcast over each sequence's tokens.
-    """
-    if advantages.dim() != 1 or advantages.shape[0] != logprobs.shape[0]:
-        raise ValueError(
-            f"grpo_loss: advantages must be [batch]={logprobs.shape[0]}, got {tuple(advantages.shape)}"
-        )
-    return actor_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip_low,
-        clip_high,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
 
 
 def fraction_of_groups_with_signal(rewards: torch.Tensor, group_size: int) -> float:

@@ -11,9 +11,9 @@ Gradients: for row i with target y, d logp / d logits = onehot(y) - softmax(logi
 grad_hidden = g * (onehot - p) @ W and grad_W = sum_i g_i * (onehot - p_i)^T h_i. The softmax and
 the reductions run in fp32; the matmuls in the weights' dtype (bf16 on GPU).
 
-`sequence_logprobs(model, batch)` is the entry point the algorithms use: it runs the model's
-body once, picks the hidden states of the positions that predict response tokens (prompt tokens
-never touch the head), and sums the log-probs per sequence.
+`SequenceLogprobs(lm)` is the module the DPO trainer shards and calls: it runs the model's body
+once, picks the hidden states of the positions that predict response tokens (prompt tokens never
+touch the head), and sums the log-probs per sequence.
 """
 
 from __future__ import annotations
@@ -114,9 +114,3 @@ class SequenceLogprobs(torch.nn.Module):
         sums = torch.zeros(len(batch.seq_lens), dtype=torch.float32, device=logps.device)
         return sums.index_add(0, batch.target_seq, logps)
 
-
-def sequence_logprobs(model: torch.nn.Module, batch: TokenBatch, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
-    """Summed log-prob of each sequence's response tokens, shape [2 * pairs], fp32."""
-    if isinstance(model, SequenceLogprobs):
-        return model(batch)
-    return SequenceLogprobs(model, chunk)(batch)

@@ -1,0 +1,154 @@
+"""Named variants of the RL algorithms: advantage estimators, policy losses, and the recipes
+that pick one of each for an `algorithm` of the config.
+
+An advantage estimator turns a scored rollout into the tensors the losses train on; a policy
+loss is the actor's whole objective for one micro-batch. Both are registered by name
+(`register_adv_est`, `register_policy_loss`) and looked up by name, so a new variant is one
+decorated function here, not a new branch in the trainer. A recipe (`RLAlgorithm`) names the
+estimator and the loss an `algorithm` uses and says which roles and data layout it needs:
+
+  ppo  -> "gae" advantages (per-token rewards, values from a critic) + "ppo" clipped loss, critic
+  grpo -> "grpo" group-normalised sequence advantages + "grpo" loss (clip-higher), no critic
+
+Unknown names raise ValueError listing the registered ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from rlkube.runtime.algorithms.advantages import gae, whiten
+from rlkube.runtime.algorithms.grpo import grpo_advantages
+from rlkube.runtime.algorithms.ppo import actor_loss, shaped_rewards
+from rlkube.runtime.contract.config import TrainingSpec
+
+# (scored rollout tensors, response mask [N, T], training settings) -> {"advantages": .., maybe "returns": ..}
+AdvantageEstimator = Callable[[Mapping[str, torch.Tensor], torch.Tensor, TrainingSpec], dict[str, torch.Tensor]]
+
+
+# (logprobs, old_logprobs, advantages, mask, training, ref_logprobs=None, entropy=None) -> (loss, metrics);
+# ref_logprobs is passed only when the KL to the reference is a loss term, entropy only when
+# training.entropyCoef > 0.
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+_ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+_POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def _register(table: dict, kind: str, name: str):
+    def add(fn):
+        if name in table:
+            raise ValueError(f"{kind} {name!r} is registered already")
+        table[name] = fn
+        return fn
+
+    return add
+
+
+def _lookup(table: dict, kind: str, name: str):
+    if name not in table:
+        raise ValueError(f"{kind} {name!r} is not registered; valid: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def register_adv_est(name: str):
+    """Decorator: register an advantage estimator under `name`."""
+    return _register(_ADV_ESTIMATORS, "advantage estimator", name)
+
+
+def register_policy_loss(name: str):
+    """Decorator: register a policy loss under `name`."""
+    return _register(_POLICY_LOSSES, "policy loss", name)
+
+
+def get_adv_estimator(name: str) -> AdvantageEstimator:
+    return _lookup(_ADV_ESTIMATORS, "advantage estimator", name)
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    return _lookup(_POLICY_LOSSES, "policy loss", name)
+
+
+@register_adv_est("gae")
+def gae_advantages(scored: Mapping[str, torch.Tensor], mask: torch.Tensor, t: TrainingSpec) -> dict[str, torch.Tensor]:
+    """PPO: GAE over per-token rewards (the score on the last token; minus the KL on every token
+    when training.klInReward and there is a reference), whitened advantages, and returns."""
+    kl_in_reward = t.kl_in_reward and "ref_logprobs" in scored
+    rewards = shaped_rewards(
+        scored["scores"],
+        scored["old_logprobs"] if kl_in_reward else torch.zeros_like(mask),
+        scored.get("ref_logprobs") if kl_in_reward else None,
+        mask,
+        t.kl if kl_in_reward else 0.0,
+        t.kl_estimator,
+    )
+    adv, returns = gae(rewards, scored["values"], mask, t.gamma, t.gae_lambda)
+    return {"advantages": whiten(adv, mask), "returns": returns}
+
+
+@register_adv_est("grpo")
+def group_advantages(scored: Mapping[str, torch.Tensor], mask: torch.Tensor, t: TrainingSpec) -> dict[str, torch.Tensor]:
+    """GRPO: one advantage per completion, its score relative to its group of training.groupSize."""
+    return {"advantages": grpo_advantages(scored["scores"], t.group_size)}
+
+
+def _objective(logprobs, old_logprobs, advantages, mask, t: TrainingSpec, clip_high, ref_logprobs, entropy):
+    return actor_loss(
+        logprobs, old_logprobs, advantages, mask, t.clip, clip_high,
+        ref_logprobs=ref_logprobs, kl_coef=t.kl if ref_logprobs is not None else 0.0,
+        kl_estimator=t.kl_estimator, entropy=entropy, entropy_coef=t.entropy_coef,
+    )
+
+
+@register_policy_loss("ppo")
+def ppo_policy_loss(logprobs, old_logprobs, advantages, mask, t: TrainingSpec, ref_logprobs=None, entropy=None):
+    """PPO's clipped surrogate, symmetric clip (training.clipHigh is a GRPO setting)."""
+    return _objective(logprobs, old_logprobs, advantages, mask, t, None, ref_logprobs, entropy)
+
+
+@register_policy_loss("grpo")
+def grpo_policy_loss(logprobs, old_logprobs, advantages, mask, t: TrainingSpec, ref_logprobs=None, entropy=None):
+    """GRPO's clipped surrogate with DAPO's clip-higher upper bound when training.clipHigh is set;
+    advantages are one per sequence ([batch]), broadcast over its tokens."""
+    return _objective(logprobs, old_logprobs, advantages, mask, t, t.clip_high, ref_logprobs, entropy)
+
+
+@dataclass(frozen=True)
+class RLAlgorithm:
+    """What an `algorithm` of the config is made of."""
+
+    name: str
+    advantage_estimator: str  # a register_adv_est name
+    policy_loss: str  # a register_policy_loss name
+    critic: bool  # trains a value model, whose values the estimator reads
+    grouped: bool  # samples training.groupSize completions of each prompt
+    token_rewards: bool  # the estimator takes per-token rewards, so training.klInReward can put the KL there
+
+    def group_size(self, t: TrainingSpec) -> int:
+        return t.group_size if self.grouped else 1
+
+    def kl_in_reward(self, t: TrainingSpec) -> bool:
+        """training.klInReward applies (the estimator needs the rollout's own log-probs for it)."""
+        return self.token_rewards and t.kl_in_reward
+
+    def kl_as_loss(self, t: TrainingSpec) -> bool:
+        """The KL to the reference is a term of the actor's loss (not folded into the reward)."""
+        return t.kl > 0 and not self.kl_in_reward(t)
+
+
+ALGORITHMS: dict[str, RLAlgorithm] = {
+    "ppo": RLAlgorithm("ppo", advantage_estimator="gae", policy_loss="ppo", critic=True, grouped=False,
+                       token_rewards=True),
+    "grpo": RLAlgorithm("grpo", advantage_estimator="grpo", policy_loss="grpo", critic=False, grouped=True,
+                        token_rewards=False),
+}
+
+
+def rl_algorithm(name: str) -> RLAlgorithm:
+    """The recipe of `name`; ValueError naming the field and the valid names for anything else."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm: {name!r} is not an RL algorithm; valid: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]

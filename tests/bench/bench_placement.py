@@ -52,7 +52,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlkube.operator.placement import NodeInventory, PlacementRequest, Unplaceable, plan_placement
+from rlkube.operator.inventory import NodeInventory
+from rlkube.operator.placement import PlacementRequest, Unplaceable, plan_placement
+from rlkube.runtime.contract.config import RolesSpec, device_map
 
 CLIQUE = "nvidia.com/gpu.clique"
 HOST = "kubernetes.io/hostname"
@@ -103,8 +105,13 @@ class Job:
         return self.gpus // self.gpus_per_pod
 
     def request(self) -> PlacementRequest:
+        # Ranks numbered by the runtime's device_map, the one place they are numbered.
+        roles: dict = {name: {"gpus": gpus} for name, gpus in self.role_gpus.items()}
+        if "reward" in roles:
+            roles["reward"]["function"] = "rlkube.runtime.rewards:target_pattern"
+        roles["reference"] = {"colocateWith": "actor"}
         return PlacementRequest(
-            role_gpus=dict(self.role_gpus),
+            device_map=device_map(RolesSpec.model_validate(roles)),
             colocated={"reference": "actor"},
             gpus_per_pod=self.gpus_per_pod,
             topology_keys=KEYS,

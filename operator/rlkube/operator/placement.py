@@ -2,12 +2,13 @@
 
 A pure function of the job's request and the cluster's GPU inventory; it never talks to the API.
 
-Ranks and pods. The job's GPUs are numbered as global ranks. Each role with GPUs of its own gets
-a contiguous range in canonical order (actor first): the device map, identical to
-`rlkube.runtime.contract.config.device_map`. Colocated roles (and roles with `gpus: 0`, which run on the
-actor's processes) share the range of the role they run on. Ranks are packed into pods of
-`gpus_per_pod` consecutive ranks, so pod i holds ranks [i*g, (i+1)*g); a pod runs on one node, a
-node may host several pods of the job, and no node is ever given more GPUs than it has free.
+Ranks and pods. The job's GPUs are numbered as global ranks. Each role with GPUs of its own has
+a contiguous range in canonical order (actor first): the device map, which placement takes as
+input from `rlkube.runtime.contract.config.device_map` (the one place ranks are numbered).
+Colocated roles (and roles with `gpus: 0`, which run on the actor's processes) share the range of
+the role they run on. Ranks are packed into pods of `gpus_per_pod` consecutive ranks, so pod i
+holds ranks [i*g, (i+1)*g); a pod runs on one node, a node may host several pods of the job, and
+no node is ever given more GPUs than it has free (the inventory: `rlkube.operator.inventory`).
 
 Topology. `topology_keys` are node labels, tightest level first (for example
 `nvidia.com/gpu.clique`, `kubernetes.io/hostname`, `rlkube.io/rack`,
@@ -46,13 +47,13 @@ broken by name, so the same request and inventory give the same plan in any inve
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from rlkube.runtime.contract.config import ROLE_NAMES
+# GPU_RESOURCE is imported from here by render, which names what a pod requests.
+from rlkube.operator.inventory import GPU_RESOURCE, NodeInventory  # noqa: F401
 
-GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 POLICIES = ("required", "preferred")
 
@@ -62,138 +63,20 @@ MAX_PACK_ATTEMPTS = 20_000
 
 
 # ----------------------------------------------------------------------------------------------
-# Inventory
-
-
-@dataclass(frozen=True)
-class NodeInventory:
-    """One schedulable node as placement sees it: GPUs allocatable and in use, and its labels."""
-
-    name: str
-    gpus_allocatable: int
-    gpus_used: int
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def gpus_free(self) -> int:
-        # A node whose allocatable shrank below what its pods hold has nothing free, not less.
-        return max(0, self.gpus_allocatable - self.gpus_used)
-
-
-def _quantity_int(value: Any) -> int:
-    """An integer resource quantity ("8", 8, "2k" is not a GPU count) as int; junk counts as 0."""
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return int(float(text))
-        except ValueError:
-            return 0
-
-
-def _pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
-    """GPUs a pod holds on its node: like the scheduler, max(sum of containers, largest init)."""
-
-    def container_request(container: Mapping[str, Any]) -> int:
-        resources = container.get("resources") or {}
-        requests = resources.get("requests") or {}
-        if resource in requests:
-            return _quantity_int(requests[resource])
-        # Extended resources cannot be overcommitted: a limit alone implies an equal request.
-        return _quantity_int((resources.get("limits") or {}).get(resource))
-
-    spec = pod.get("spec") or {}
-    regular = sum(container_request(c) for c in spec.get("containers") or [])
-    init = max((container_request(c) for c in spec.get("initContainers") or []), default=0)
-    return max(regular, init)
-
-
-def _field(obj: Any, name: str) -> Any:
-    """A field of an API dict, or the attribute of a typed object (rlkube.operator.api.Toleration)."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
-def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Any]) -> bool:
-    """Whether a taint is tolerated, by the Kubernetes matching rules (key, operator, value, effect)."""
-    for tol in tolerations:
-        effect = _field(tol, "effect") or ""
-        if effect and effect != taint.get("effect"):
-            continue
-        operator = _field(tol, "operator") or "Equal"
-        key = _field(tol, "key") or ""
-        if operator == "Exists":
-            if not key or key == taint.get("key"):
-                return True
-        elif key == taint.get("key") and (_field(tol, "value") or "") == (taint.get("value") or ""):
-            return True
-    return False
-
-
-def _node_ready(node: Mapping[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def inventory_from_objects(
-    nodes: list[dict],
-    pods: list[dict],
-    tolerations: Sequence[Any] | None = None,
-    resource: str = GPU_RESOURCE,
-) -> list[NodeInventory]:
-    """The schedulable nodes with their GPU use, from raw API objects (camelCase dicts).
-
-    Skipped: nodes with `spec.unschedulable`, nodes not Ready, and nodes with a NoSchedule or
-    NoExecute taint that `tolerations` (the job's pod tolerations: API dicts or
-    `rlkube.operator.api.Toleration`) do not tolerate.
-    Used GPUs are the `resource` requests (or limits, when only limits are set) of pods bound to
-    the node (`spec.nodeName`) that are not Succeeded or Failed. Sorted by node name.
-    """
-    tolerations = list(tolerations or [])
-    used: dict[str, int] = {}
-    for pod in pods:
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if not node_name or phase in ("Succeeded", "Failed"):
-            continue
-        used[node_name] = used.get(node_name, 0) + _pod_gpu_request(pod, resource)
-
-    inventory = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        spec = node.get("spec") or {}
-        if spec.get("unschedulable") or not _node_ready(node):
-            continue
-        blocking = [t for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
-        if any(not _tolerated(t, tolerations) for t in blocking):
-            continue
-        name = meta["name"]
-        allocatable = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(resource))
-        inventory.append(
-            NodeInventory(
-                name=name,
-                gpus_allocatable=allocatable,
-                gpus_used=used.get(name, 0),
-                labels=dict(meta.get("labels") or {}),
-            )
-        )
-    return sorted(inventory, key=lambda n: n.name)
-
-
-# ----------------------------------------------------------------------------------------------
 # Request and result
 
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """What placement needs from a job: its device groups, pod size, topology levels and policy."""
+    """What placement needs from a job: its device map, pod size, topology levels and policy.
 
-    role_gpus: dict[str, int]  # roles with GPUs of their own, canonical order (actor first)
-    colocated: dict[str, str]  # role -> role (in role_gpus) whose GPUs it shares
+    The device map is the runtime's (`rlkube.runtime.contract.config.device_map`), taken as it
+    is: placement packs those ranks into pods and never numbers them itself, so the ranks a pod
+    is planned for are the ranks its trainer builds its process groups from.
+    """
+
+    device_map: dict[str, list[int]]  # role -> global ranks, canonical order (actor first)
+    colocated: dict[str, str]  # role -> role with GPUs of its own whose ranks it shares
     gpus_per_pod: int
     topology_keys: tuple[str, ...]  # tightest first
     policy: str = "preferred"  # "required" | "preferred"
@@ -211,11 +94,27 @@ class PlacementRequest:
         for name, owner in self.colocated.items():
             if owner not in self.role_gpus:
                 raise ValueError(f"spec.roles.{name}.colocateWith: {owner!r} has no GPUs of its own")
+            if self.device_map.get(name) != self.device_map[owner]:
+                raise ValueError(f"device map: {name} shares the GPUs of {owner}, so it needs ranks "
+                                 f"{self.device_map[owner]}, got {self.device_map.get(name)}")
+        # Pods hold consecutive ranks, so each group's pods follow from its range only when the
+        # ranges are consecutive too (true of every map the runtime makes).
+        first = 0
+        for name in self.role_gpus:
+            ranks = self.device_map[name]
+            if ranks != list(range(first, first + len(ranks))):
+                raise ValueError(f"device map: {name} needs ranks from {first} on, consecutive, got {ranks}")
+            first += len(ranks)
         if self.total_gpus % self.gpus_per_pod:
             raise ValueError(
                 f"spec.placement.gpusPerPod: must divide the job's {self.total_gpus} GPUs, "
                 f"got {self.gpus_per_pod}"
             )
+
+    @property
+    def role_gpus(self) -> dict[str, int]:
+        """GPUs of each role with GPUs of its own, in device-map order."""
+        return {name: len(ranks) for name, ranks in self.device_map.items() if name not in self.colocated}
 
     @property
     def total_gpus(self) -> int:
@@ -227,20 +126,19 @@ class PlacementRequest:
 
 
 def request_from_spec(spec: Any) -> PlacementRequest:
-    """The placement request of an `RLTrainingJobSpec` (`.roles`, `.placement`)."""
-    roles = spec.roles
-    present = roles.present()
-    role_gpus = {name: role.gpus for name, role in present.items() if role.gpus}
-    colocated = {}
-    for name in present:
-        if name in role_gpus:
-            continue
-        owner = roles.group_owner(name)
-        # Same rule as the runtime's device_map: a group without GPUs runs on the actor's ranks.
-        colocated[name] = owner if owner in role_gpus else "actor"
+    """The placement request of an `RLTrainingJobSpec` (`.roles`, `.placement`, `.device_map()`)."""
+    device_map = spec.device_map()
+    own = [name for name, role in spec.roles.present().items() if role.gpus]
+    # A role without GPUs of its own runs on the ranks of the group it shares (the actor's, for a
+    # role with `gpus: 0`): the one own group whose ranks the device map gave it.
+    colocated = {
+        name: next((owner for owner in own if device_map[owner] == ranks), "actor")
+        for name, ranks in device_map.items()
+        if name not in own
+    }
     placement = spec.placement
     return PlacementRequest(
-        role_gpus=role_gpus,
+        device_map=device_map,
         colocated=colocated,
         gpus_per_pod=placement.gpus_per_pod,
         topology_keys=tuple(placement.topology_keys),
@@ -277,19 +175,6 @@ class Unplaceable(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def request_device_map(request: PlacementRequest) -> dict[str, list[int]]:
-    """Global ranks of each role, in canonical role order; equals the runtime's `device_map`."""
-    ranks: dict[str, list[int]] = {}
-    next_rank = 0
-    for name, gpus in request.role_gpus.items():
-        ranks[name] = list(range(next_rank, next_rank + gpus))
-        next_rank += gpus
-    for name, owner in request.colocated.items():
-        ranks[name] = list(ranks[owner])
-    order = {name: i for i, name in enumerate(ROLE_NAMES)}
-    return {name: ranks[name] for name in sorted(ranks, key=lambda n: (order.get(n, len(order)), n))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -511,10 +396,9 @@ class _Search:
 def _groups(request: PlacementRequest, topo: _Topology) -> list[_Group]:
     g = request.gpus_per_pod
     groups = []
-    first = 0
     for role, gpus in request.role_gpus.items():
-        pods = tuple(range(first // g, (first + gpus - 1) // g + 1))
-        first += gpus
+        ranks = request.device_map[role]
+        pods = tuple(range(ranks[0] // g, ranks[-1] // g + 1))
         target = None
         for level, domains in enumerate(topo.domain_nodes):
             if any(sum(topo.slots_allocatable(n) for n in ns) >= len(pods) for ns in domains.values()):
@@ -600,7 +484,7 @@ def plan_placement(request: PlacementRequest, inventory: list[NodeInventory]) ->
 
 def _result(request: PlacementRequest, topo: _Topology, groups: list[_Group], nodes_of_pod: list[str]) -> Placement:
     g = request.gpus_per_pod
-    device_map = request_device_map(request)
+    device_map = {role: list(ranks) for role, ranks in request.device_map.items()}
     pods = []
     for index, node in enumerate(nodes_of_pod):
         ranks = tuple(range(index * g, (index + 1) * g))

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rlkube.operator.inventory import NodeInventory, inventory_from_objects
 from rlkube.operator.placement import (
-    NodeInventory,
     Placement,
     PlacementRequest,
     Unplaceable,
-    inventory_from_objects,
     plan_placement,
     request_from_spec,
 )
@@ -27,6 +26,7 @@ HOST = "kubernetes.io/hostname"
 RACK = "rlkube.io/rack"
 ZONE = "topology.kubernetes.io/zone"
 KEYS = (CLIQUE, HOST, RACK, ZONE)
+REWARD_FUNCTION = "rlkube.runtime.rewards:target_pattern"
 
 
 # ---------------------------------------------------------------------------------- builders
@@ -44,13 +44,16 @@ def node(name: str, gpus: int = 8, used: int = 0, clique: str | None = None, rac
 
 def request(actor: int = 1, critic: int = 0, reward: int = 0, *, gpp: int = 1, policy: str = "preferred",
             keys: tuple[str, ...] = KEYS, colocated: dict[str, str] | None = None) -> PlacementRequest:
-    role_gpus = {"actor": actor}
+    """A request for roles with these GPUs (0: absent), ranks numbered by the runtime's device_map."""
+    roles: dict = {"actor": {"gpus": actor}}
     if critic:
-        role_gpus["critic"] = critic
+        roles["critic"] = {"gpus": critic}
     if reward:
-        role_gpus["reward"] = reward
-    return PlacementRequest(role_gpus=role_gpus, colocated=colocated or {}, gpus_per_pod=gpp,
-                            topology_keys=keys, policy=policy)
+        roles["reward"] = {"gpus": reward, "function": REWARD_FUNCTION}
+    for name, owner in (colocated or {}).items():
+        roles[name] = {"colocateWith": owner}
+    return PlacementRequest(device_map=device_map(RolesSpec.model_validate(roles)), colocated=colocated or {},
+                            gpus_per_pod=gpp, topology_keys=keys, policy=policy)
 
 
 def nodes_of(plan: Placement, role: str) -> set[str]:
@@ -296,8 +299,8 @@ def test_request_from_spec_duck_typed() -> None:
     roles = RolesSpec.model_validate({
         "actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 0}, "reference": {"colocateWith": "critic"},
     })
-    spec = SimpleNamespace(roles=roles, placement=SimpleNamespace(gpus_per_pod=1, topology_keys=[CLIQUE, HOST],
-                                                                   policy="required"))
+    spec = SimpleNamespace(roles=roles, device_map=lambda: device_map(roles),
+                           placement=SimpleNamespace(gpus_per_pod=1, topology_keys=[CLIQUE, HOST], policy="required"))
     req = request_from_spec(spec)
     assert req.role_gpus == {"actor": 2, "critic": 1}
     assert req.colocated == {"reward": "actor", "reference": "critic"}
@@ -370,7 +373,7 @@ def requests(draw: st.DrawFn) -> tuple[RolesSpec, PlacementRequest]:
     total = roles.total_gpus()
     gpp = draw(st.sampled_from([d for d in (1, 2, 4, 8) if total % d == 0]))
     keys = draw(st.sampled_from([KEYS, (HOST, CLIQUE, RACK, ZONE), (CLIQUE, RACK), ()]))
-    spec = SimpleNamespace(roles=roles, placement=SimpleNamespace(
+    spec = SimpleNamespace(roles=roles, device_map=lambda: device_map(roles), placement=SimpleNamespace(
         gpus_per_pod=gpp, topology_keys=keys, policy=draw(st.sampled_from(["required", "preferred"]))))
     return roles, request_from_spec(spec)
 
@@ -451,8 +454,8 @@ def test_properties(rr: tuple[RolesSpec, PlacementRequest], inventory: list[Node
 def test_required_fails_exactly_when_preferred_falls_back(rr: tuple[RolesSpec, PlacementRequest],
                                                           inventory: list[NodeInventory]) -> None:
     _, req = rr
-    required = PlacementRequest(req.role_gpus, req.colocated, req.gpus_per_pod, req.topology_keys, "required")
-    preferred = PlacementRequest(req.role_gpus, req.colocated, req.gpus_per_pod, req.topology_keys, "preferred")
+    required = replace(req, policy="required")
+    preferred = replace(req, policy="preferred")
     try:
         soft = plan_placement(preferred, inventory)
     except Unplaceable:

@@ -12,15 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkube.operator import render
+from rlkube.operator.inventory import NodeInventory, inventory_from_objects
 from rlkube.operator.observed import owned_by
-from rlkube.operator.placement import (
-    NodeInventory,
-    Placement,
-    Unplaceable,
-    inventory_from_objects,
-    plan_placement,
-    request_from_spec,
-)
+from rlkube.operator.placement import Placement, Unplaceable, plan_placement, request_from_spec
 
 
 @dataclass(frozen=True)

@@ -142,3 +142,4 @@ def test_job_view_takes_the_least_busy_rank():
     job = JobBusy([{"step": 0.8, "generate": 0.9}, {"step": 0.3, "generate": None}, {"step": None}])
     assert job.step_min == 0.3
     assert job.phase_means() == {"generate": 0.9}
+

@@ -1,8 +1,12 @@
 """Building the models a role needs: load or create, pick the attention kernel, shard.
 
-- `build_causal_lm(spec, device)`: `from_pretrained(path)` for a real checkpoint (local files
-  only: no hub is reachable from pods), or `from_config` for a randomly initialised model (tiny
-  test models, benchmark shapes). Parameters in `spec.dtype`.
+- `build_causal_lm(spec, device)`: a real checkpoint from `path` (local files only: no hub is
+  reachable from pods), or `from_config` for a randomly initialised model (tiny test models,
+  benchmark shapes). Parameters in `spec.dtype`, made on `device` from the start: a checkpoint's
+  tensors are read from its safetensors files straight onto the device one at a time (into a
+  model built there), never as a whole second copy in host memory; `from_pretrained` with a
+  device map does the same when accelerate is installed, and plain `from_pretrained` + `.to`
+  is the fallback (warned once) for checkpoints without safetensors or with renamed keys.
 - `pick_attention(spec.attention, device)`: 'auto' is flash_attention_2 when the flash_attn
   package is importable and the device is CUDA, else sdpa. An explicit choice that cannot run
   (flash_attention_2 without the package or without CUDA) is replaced by sdpa with one loud
@@ -19,6 +23,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
+from pathlib import Path
 
 import torch
 
@@ -65,9 +70,7 @@ def build_causal_lm(spec: ModelSpec, device: torch.device, seed: int = 0) -> tup
     attention = pick_attention(spec.attention, device)
     dtype = resolve_dtype(spec, device)
     if spec.path is not None:
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.path, dtype=dtype, attn_implementation=attention, local_files_only=True
-        )
+        model = load_pretrained(spec.path, dtype, attention, device)
     else:
         fields = dict(spec.config or {})
         model_type = fields.pop("model_type")
@@ -84,6 +87,53 @@ def build_causal_lm(spec: ModelSpec, device: torch.device, seed: int = 0) -> tup
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device), attention
+
+
+def load_pretrained(path: str, dtype: torch.dtype, attention: str, device: torch.device) -> torch.nn.Module:
+    """The checkpoint at `path` on `device` in `dtype`, without a full copy in host memory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if importlib.util.find_spec("accelerate") is not None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention,
+                                                    local_files_only=True, device_map={"": device})
+    files = sorted(Path(path).glob("*.safetensors"))
+    if files:
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+        # Built on the device (random init there takes milliseconds), then overwritten tensor by tensor.
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
+        if _copy_safetensors(model, files, device):
+            return model
+        del model
+    warn_once("model-load", f"model.path {path}: no safetensors with the model's own names; loading with "
+              "from_pretrained on the host, then moving to the device (a second copy while it moves)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention,
+                                                 local_files_only=True)
+    return model.to(device)
+
+
+def _copy_safetensors(model: torch.nn.Module, files: list[Path], device: torch.device) -> bool:
+    """Copy every tensor of `files` into `model`'s parameter of the same name; False (model left
+    half-written, to be discarded) when a name is unknown or a parameter stays unwritten."""
+    from safetensors import safe_open
+
+    own = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    written: set[str] = set()
+    with torch.no_grad():
+        for file in files:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                    if name not in own:
+                        return False
+                    own[name].copy_(f.get_tensor(name))
+                    written.add(name)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+        tied = {n for n, p in model.named_parameters(remove_duplicate=False)
+                if p is model.get_input_embeddings().weight}
+        written |= tied
+    missing = {n for n, _ in model.named_parameters(remove_duplicate=False)} - written
+    return not missing
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,60 @@
+"""Loading a saved checkpoint: straight onto the device, tensor by tensor, same weights."""
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlkube.runtime.contract.config import ModelSpec
+from rlkube.runtime.engine import models
+
+TINY = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "max_position_embeddings": 64}
+
+
+def saved(tmp_path, tied):
+    torch.manual_seed(3)
+    fields = dict(TINY)
+    cfg = AutoConfig.for_model(fields.pop("model_type"), tie_word_embeddings=tied, **fields)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def spec(path):
+    return ModelSpec.model_validate({"path": str(path), "dtype": "float32", "attention": "sdpa"})
+
+
+def test_checkpoint_is_copied_into_a_model_built_on_the_device(tmp_path, monkeypatch):
+    for tied in (True, False):
+        where = tmp_path / str(tied)
+        original = saved(where, tied)
+
+        def no_host_load(*a, **k):
+            raise AssertionError("from_pretrained would build a host copy first")
+
+        monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_host_load)
+        model, _ = models.build_causal_lm(spec(where), torch.device("cpu"))
+        monkeypatch.undo()
+        ours = dict(model.named_parameters(remove_duplicate=False))
+        for name, p in original.named_parameters(remove_duplicate=False):
+            assert torch.equal(ours[name], p), name
+        ids = torch.tensor([[1, 5, 9, 2]])
+        assert torch.allclose(model(ids).logits, original(ids).logits, atol=1e-6)
+
+
+def test_unknown_tensor_names_fall_back_to_from_pretrained_with_a_warning(tmp_path, monkeypatch):
+    saved(tmp_path, tied=True)
+    file = tmp_path / "model.safetensors"
+    tensors = {f"renamed.{k}": v for k, v in load_file(str(file)).items()}
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def counted(*a, **k):
+        calls.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
+    monkeypatch.setattr(models, "warn_once", lambda key, msg: calls.append(key))
+    models.build_causal_lm(spec(tmp_path), torch.device("cpu"))
+    assert "model-load" in calls and len(calls) == 2

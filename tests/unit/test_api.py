@@ -196,7 +196,3 @@ def test_status_dumps_camel_case_and_ignores_kopf_state():
     with pytest.raises(ValidationError):
         api.RLTrainingJobStatus.model_validate({"phase": "Dancing"})
 
-
-def test_join_path():
-    assert api.join_path(("spec", "tolerations", 0, "key")) == "spec.tolerations[0].key"
-    assert api.join_path(()) == ""

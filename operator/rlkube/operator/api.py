@@ -53,7 +53,7 @@ from rlkube.operator.api_limits import (
     VERSION,
     job_name_problem,
 )
-from rlkube.operator.field_errors import FieldError, describe_error, field_errors, join_path
+from rlkube.operator.field_errors import FieldError, describe_error, field_errors
 from rlkube.operator.spec_types import (
     ElasticSpec,
     PlacementSpec,
@@ -88,7 +88,7 @@ __all__ = [
     "PodPlacementStatus", "PodResources", "PodSecurity", "ProgressStatus", "ResourceList", "RLTrainingJob",
     "RLTrainingJobSpec", "RLTrainingJobStatus", "RoleStatus", "RunPolicySpec", "Status", "Toleration",
     "VolumeSpec",
-    "describe_error", "drop_nulls", "field_errors", "job_errors", "job_name_problem", "join_path",
+    "describe_error", "drop_nulls", "field_errors", "job_errors", "job_name_problem",
     "parse_job", "parse_spec", "spec_errors",
 ]
 

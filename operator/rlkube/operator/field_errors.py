@@ -1,8 +1,9 @@
 """Validation errors as a user reads them: a camelCase field path and what would be valid.
 
 `field_errors` turns a pydantic ValidationError into `FieldError`s ('spec.roles.actor.gpus: must be
->= 1, got 0'); `describe_error` words one pydantic error, naming the valid fields (with a guess at a
-misspelt one) or the format a pattern stands for.
+>= 1, got 0'), paths written by `rlkube.runtime.contract.field_path` as the runtime writes them;
+`describe_error` words one pydantic error, naming the valid fields (with a guess at a misspelt
+one) or the format a pattern stands for.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rlkube.operator.api_limits import (
     QUANTITY_PATTERN,
 )
 from rlkube.runtime.contract.config import CheckpointSpec, RoleSpec
+from rlkube.runtime.contract.field_path import field_path
 
 
 @dataclass(frozen=True)
@@ -59,23 +61,12 @@ def field_errors(
             for line in text.splitlines() or [text]:
                 match = _PATH_PREFIX.match(line)
                 if match:
-                    out.append(FieldError(join_path((*loc, match.group(1))), match.group(2)))
+                    out.append(FieldError(field_path((*loc, match.group(1))), match.group(2)))
                 else:
-                    out.append(FieldError(join_path(loc), line))
+                    out.append(FieldError(field_path(loc), line))
             continue
-        out.append(FieldError(join_path(loc), describe_error(error, _model_at(model, error["loc"]))))
+        out.append(FieldError(field_path(loc), describe_error(error, _model_at(model, error["loc"]))))
     return out
-
-
-def join_path(loc: tuple[str | int, ...]) -> str:
-    """('spec', 'tolerations', 0, 'key') -> 'spec.tolerations[0].key'."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
-    return path
 
 
 def _show(value: Any) -> str:

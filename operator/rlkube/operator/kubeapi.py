@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode
 import urllib3
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION
+from rlkube.runtime.contract.pod import LABEL_JOB
 
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
@@ -167,7 +168,7 @@ class KubeAPI:
         and a gang of pods' metadata is a fraction of their full objects.
         """
         selector = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
-        return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector, "labelSelector": "rlkube.io/job"},
+        return self.request("GET", "/api/v1/pods", query={"fieldSelector": selector, "labelSelector": LABEL_JOB},
                             accept=METADATA_LIST).get("items") or []
 
     def list_nodes(self) -> list[dict]:

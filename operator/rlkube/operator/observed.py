@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkube.operator.api import API_VERSION, KIND, RLTrainingJobSpec, parse_spec, spec_errors
+from rlkube.runtime.contract.pod import LABEL_ATTEMPT, LABEL_JOB, LABEL_POD_INDEX  # noqa: F401 (LABEL_JOB re-exported)
 
-LABEL_JOB = "rlkube.io/job"
-LABEL_ATTEMPT = "rlkube.io/attempt"
-LABEL_POD_INDEX = "rlkube.io/pod-index"
 GANG_GATE = "rlkube.io/gang"
 TRAINER_CONTAINER = "trainer"
 

@@ -2,7 +2,8 @@
 
 The trainer never writes to the API server; the operator polls it on its resync timer and copies
 the report into `status.progress`. A slow or absent trainer costs one short timeout and leaves the
-last report in place (None here), never a stuck reconcile.
+last report in place (None here), never a stuck reconcile. The path, the port and the report's
+fields are the contract's (`rlkube.runtime.contract.pod`, `rlkube.runtime.contract.progress`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import logging
 import urllib.error
 import urllib.request
 from typing import Any
+
+from rlkube.runtime.contract.pod import PROGRESS_PATH
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +26,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def progress_url(pod_ip: str, port: int) -> str:
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip  # IPv6 pod IPs need brackets in a URL
-    return f"http://{host}:{port}/progress"
+    return f"http://{host}:{port}{PROGRESS_PATH}"
 
 
 def poll_progress(pod_ip: str | None, port: int, timeout: float = TIMEOUT_SECONDS) -> dict[str, Any] | None:

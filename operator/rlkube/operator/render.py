@@ -15,7 +15,8 @@ only once the previous one is gone, so no two pods ever hold the same index.
 
 What a pod gets: required node affinity to its planned node (by `metadata.name`), plus the
 user's nodeSelector and tolerations; `nvidia.com/gpu` requests and limits equal to gpusPerPod;
-the torch.distributed and rlkube env of the operator->runtime contract; probes on /healthz;
+the env of the operator->runtime contract (`rlkube.runtime.contract.pod`, nothing the runtime
+does not read); probes on /healthz;
 `/dev/shm` as a memory emptyDir (NCCL and DataLoader workers need more than the 64 MiB default);
 a checkpoint volume (the PVC of `checkpoint.volumeClaim`, else a hostPath per node under
 /var/lib/rlkube/<namespace>/<job>-<uid>, so a gang restarted on the same nodes resumes); restartPolicy
@@ -26,28 +27,36 @@ securityContext overrides the user, group or non-root setting.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
 from rlkube.operator.api import RLTrainingJobSpec
-from rlkube.operator.observed import (
-    GANG_GATE,
+from rlkube.operator.observed import GANG_GATE, TRAINER_CONTAINER, JobRef
+from rlkube.operator.placement import GPU_RESOURCE, Placement, PodPlan
+from rlkube.runtime.contract.config import ROLE_NAMES
+from rlkube.runtime.contract.pod import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    CONFIG_PATH,
+    ENV_ATTEMPT,
+    ENV_CONFIG,
+    ENV_LOCAL_WORLD_SIZE,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK_BASE,
+    ENV_WORLD_SIZE,
+    HEALTH_PATH,
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_POD_INDEX,
-    TRAINER_CONTAINER,
-    JobRef,
+    MASTER_PORT,
+    MASTER_PORT_NAME,
+    PROGRESS_PORT,
+    PROGRESS_PORT_NAME,
 )
-from rlkube.operator.placement import GPU_RESOURCE, Placement, PodPlan
-from rlkube.runtime.contract.config import ROLE_NAMES, RuntimeConfig
 
-MASTER_PORT = 29500
-CONFIG_DIR = "/etc/rlkube"
-CONFIG_FILE = "run.yaml"
-CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 HOST_CHECKPOINT_ROOT = "/var/lib/rlkube"
 DEFAULT_UID = 1000
 # Time the trainer gets on SIGTERM to write a checkpoint and exit 143.
@@ -57,7 +66,6 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "rlkube-operator"
 PLANNED_NODE_ANNOTATION = "rlkube.io/planned-node"
 GPUS_ANNOTATION = "rlkube.io/gpus"
-DEFAULT_PROGRESS_PORT: int = RuntimeConfig.model_fields["progress_port"].default
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -153,7 +161,7 @@ def render_service(job: JobRef) -> dict:
             "selector": {LABEL_JOB: job.name},
             # Ranks resolve MASTER_ADDR while pod 0 is still starting, long before it is Ready.
             "publishNotReadyAddresses": True,
-            "ports": [{"name": "dist", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}],
+            "ports": [{"name": MASTER_PORT_NAME, "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}],
         },
     }
 
@@ -173,14 +181,6 @@ def render_configmap(job: JobRef, spec: RLTrainingJobSpec, device_map: Mapping[s
         "metadata": _metadata(job, configmap_name(job.name)),
         "data": {CONFIG_FILE: runtime_config_yaml(spec, device_map)},
     }
-
-
-def local_roles(ranks: tuple[int, ...], device_map: Mapping[str, list[int]]) -> list[list[str]]:
-    """For each local process i, the roles whose ranks include ranks[i] (canonical order)."""
-    return [
-        [role for role in ROLE_NAMES if rank in device_map.get(role, ())]
-        for rank in ranks
-    ]
 
 
 def _quantities(resource_list: Any) -> dict[str, str]:
@@ -217,30 +217,25 @@ def _security(spec: RLTrainingJobSpec) -> tuple[dict, dict]:
     return pod, container
 
 
-def _env(job: JobRef, spec: RLTrainingJobSpec, plan: PodPlan, device_map: Mapping[str, list[int]], attempt: int) -> list[dict]:
+def _env(job: JobRef, spec: RLTrainingJobSpec, plan: PodPlan, attempt: int) -> list[dict]:
+    """The contract's OPERATOR_ENV, each read by the runtime. A pod's roles, index and name are
+    not passed: the runtime derives its roles from run.yaml's device map and its rank."""
     values = {
-        "MASTER_ADDR": master_addr(job, spec),
-        "MASTER_PORT": str(MASTER_PORT),
-        "WORLD_SIZE": str(spec.total_gpus()),
-        "NODE_RANK": str(plan.index),
-        "RLKUBE_RANK_BASE": str(plan.ranks[0]),
-        "LOCAL_WORLD_SIZE": str(len(plan.ranks)),
-        "RLKUBE_CONFIG": CONFIG_PATH,
-        "RLKUBE_ATTEMPT": str(attempt),
-        "RLKUBE_LOCAL_ROLES": json.dumps(local_roles(plan.ranks, device_map), separators=(",", ":")),
-        "RLKUBE_JOB": job.name,
+        ENV_MASTER_ADDR: master_addr(job, spec),
+        ENV_MASTER_PORT: str(MASTER_PORT),
+        ENV_WORLD_SIZE: str(spec.total_gpus()),
+        ENV_RANK_BASE: str(plan.ranks[0]),
+        ENV_LOCAL_WORLD_SIZE: str(len(plan.ranks)),
+        ENV_CONFIG: CONFIG_PATH,
+        ENV_ATTEMPT: str(attempt),
     }
-    env = [{"name": k, "value": v} for k, v in values.items()]
-    env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    return env
+    return [{"name": k, "value": v} for k, v in values.items()]
 
 
-def _probes(port: int) -> dict:
-    if port == 0:  # progressPort 0 turns the trainer's HTTP server off: nothing to probe.
-        return {}
+def _probes() -> dict:
     def probe(period: int, failures: int) -> dict:
         return {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": {"path": HEALTH_PATH, "port": PROGRESS_PORT_NAME},
             "periodSeconds": period,
             "failureThreshold": failures,
             "timeoutSeconds": 5,
@@ -312,14 +307,13 @@ def _checkpoint_dir_owner(spec: RLTrainingJobSpec, pod_security: dict, image: st
 
 
 def progress_port(spec: RLTrainingJobSpec) -> int:
-    """Port of the trainer's /healthz, /progress and /metrics (the runtime's default unless set)."""
-    port = getattr(spec, "progress_port", None)
-    return DEFAULT_PROGRESS_PORT if port is None else int(port)
+    """Port of the trainer's /healthz, /progress and /metrics: the contract's PROGRESS_PORT for
+    every job (the spec has no port field; run.yaml is rendered with this one)."""
+    return PROGRESS_PORT
 
 
 def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan: PodPlan, attempt: int) -> dict:
     """The pod of one planned slot, for restart attempt `attempt`."""
-    port = progress_port(spec)
     device_map = placement.device_map
     name = pod_name(job.name, slot_name(plan.ranks, device_map, gpu_owners(spec)), plan.index)
     gpus = str(spec.placement.gpus_per_pod)
@@ -327,20 +321,21 @@ def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan:
     limits = {**_quantities(spec.resources.limits), GPU_RESOURCE: gpus}
     pod_security, container_security = _security(spec)
     volumes, mounts = _volumes(job, spec)
-    ports = [{"name": "dist", "containerPort": MASTER_PORT, "protocol": "TCP"}]
-    if port:
-        ports.insert(0, {"name": "http", "containerPort": port, "protocol": "TCP"})
+    ports = [
+        {"name": PROGRESS_PORT_NAME, "containerPort": progress_port(spec), "protocol": "TCP"},
+        {"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"},
+    ]
     container = {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "rlkube.runtime", "run", CONFIG_PATH],
-        "env": _env(job, spec, plan, device_map, attempt),
+        "env": _env(job, spec, plan, attempt),
         "ports": ports,
         "resources": {"requests": requests, "limits": limits},
         "securityContext": container_security,
         "volumeMounts": mounts,
-        **_probes(port),
+        **_probes(),
     }
     pod_spec: dict[str, Any] = {
         "hostname": name,

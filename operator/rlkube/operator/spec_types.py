@@ -43,6 +43,14 @@ from rlkube.runtime.contract.config import (
     device_map,
     validate_algorithm_roles,
 )
+from rlkube.runtime.contract.pod import (
+    EXIT_CONFIG,
+    EXIT_MEANINGS,
+    EXIT_NON_FINITE,
+    EXIT_TERMINATED,
+    PERMANENT_EXIT_CODES,
+    PROGRESS_PORT,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Spec sections only the operator reads
@@ -155,10 +163,10 @@ class RunPolicySpec(Spec):
         "resumes. Queue controllers such as Kueue admit a job by setting it to false.",
     )
     fail_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
-        default_factory=lambda: [3, 4],
+        default_factory=lambda: list(PERMANENT_EXIT_CODES),
         max_length=32,
         description="Trainer exit codes that fail the job at once instead of restarting it "
-        "(3: invalid config, 4: non-finite loss).",
+        f"({EXIT_CONFIG}: invalid config, {EXIT_NON_FINITE}: non-finite loss).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
@@ -168,8 +176,10 @@ class RunPolicySpec(Spec):
         duplicates = sorted({code for code in codes if codes.count(code) > 1})
         if duplicates:
             raise ValueError(f"must not repeat a code, got {', '.join(map(str, duplicates))} more than once")
-        if 143 in codes:
-            raise ValueError("must not contain 143: that code means stopped by SIGTERM after a checkpoint")
+        if EXIT_TERMINATED in codes:
+            raise ValueError(
+                f"must not contain {EXIT_TERMINATED}: that code means {EXIT_MEANINGS[EXIT_TERMINATED]}"
+            )
         return codes
 
 
@@ -454,7 +464,8 @@ class RLTrainingJobSpec(Spec):
         return device_map(self.roles)
 
     def runtime_config(self, device_map: dict[str, list[int]] | None = None) -> RuntimeConfig:
-        """The trainer's config for this spec (what the operator renders into run.yaml)."""
+        """The trainer's config for this spec (what the operator renders into run.yaml), serving
+        on the port the operator probes and polls (the contract's, not a spec field)."""
         return RuntimeConfig(
             algorithm=self.algorithm,
             model=self.model,
@@ -465,6 +476,7 @@ class RLTrainingJobSpec(Spec):
             rollout=self.rollout,
             checkpoint=self.checkpoint,
             device_map=device_map if device_map is not None else self.device_map(),
+            progress_port=PROGRESS_PORT,
         )
 
     def _gpu_summary(self) -> str:

@@ -23,9 +23,9 @@ from typing import Any
 
 from rlkube.operator.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
+from rlkube.runtime.contract.progress import PROGRESS_FIELDS
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
-PROGRESS_FIELDS = ("phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization", "loss", "rewardMean")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 path as argument or in RLKUBE_CONFIG), validates it before anything starts — a bad config exits
 3 with the field path of every problem — and then launches (launch.py) and trains. `run(config)`
 is the in-process entry point: it dispatches on `config.algorithm` ("dpo" -> trainer.py,
-"ppo"/"grpo" -> rl_trainer.py) and maps outcomes to the exit codes of contracts.md.
+"ppo"/"grpo" -> rl_trainer.py) and maps outcomes to the exit codes of the contract
+(`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
 """
 
 from __future__ import annotations
@@ -18,32 +19,16 @@ import yaml
 from pydantic import ValidationError
 
 from rlkube.runtime.contract.config import RuntimeConfig
-from rlkube.runtime.infra.errors import (
-    EXIT_CONFIG,
-    EXIT_NON_FINITE,
-    EXIT_OK,
-    EXIT_TERMINATED,
-    ConfigError,
-    NonFiniteLoss,
-    Terminated,
-)
-
-
-def field_path(loc: tuple) -> str:
-    """pydantic's error location as a dotted camelCase path, list indices in brackets."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
+from rlkube.runtime.contract.field_path import field_path
+from rlkube.runtime.contract.pod import ENV_CONFIG, EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
+from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss, Terminated
 
 
 def format_validation_error(err: ValidationError, source: str) -> list[str]:
+    """One 'source: field.path: problem' line per error (paths as the operator writes them)."""
     lines = []
     for e in err.errors():
-        path = field_path(tuple(p for p in e["loc"] if not str(p).startswith("function-")))
+        path = field_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         shown = "" if e["type"] in ("missing",) or isinstance(got, dict) else f", got {got!r}"
@@ -106,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb")
     for verb in ("run", "train"):
         v = verbs.add_parser(verb, help="train with CONFIG (a RuntimeConfig YAML)")
-        v.add_argument("config", nargs="?", default=os.environ.get("RLKUBE_CONFIG"), help="config path")
+        v.add_argument("config", nargs="?", default=os.environ.get(ENV_CONFIG), help="config path")
     d = verbs.add_parser("doctor", help="print device information; check required capabilities")
     d.add_argument("--require", default="", help="comma-separated: cuda,nccl,flash_attn")
     return parser
@@ -122,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help(sys.stderr)
         return 2
     if not ns.config:
-        print("config error: no config path (argument or RLKUBE_CONFIG)", file=sys.stderr)
+        print(f"config error: no config path (argument or {ENV_CONFIG})", file=sys.stderr)
         return EXIT_CONFIG
     try:
         config = load_config(ns.config)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 from operator_builders import spec
@@ -84,11 +82,13 @@ def test_env_follows_the_runtime_contract():
     assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == "tiny-actor-0.tiny.team.svc"
     assert e0["MASTER_PORT"] == "29500"
     assert e0["WORLD_SIZE"] == e1["WORLD_SIZE"] == "4"
-    assert (e0["NODE_RANK"], e0["RLKUBE_RANK_BASE"], e0["LOCAL_WORLD_SIZE"]) == ("0", "0", "2")
-    assert (e1["NODE_RANK"], e1["RLKUBE_RANK_BASE"], e1["LOCAL_WORLD_SIZE"]) == ("1", "2", "2")
-    assert json.loads(e0["RLKUBE_LOCAL_ROLES"]) == [["actor", "reference"], ["actor", "reference"]]
-    assert json.loads(e1["RLKUBE_LOCAL_ROLES"]) == [["critic"], ["reward"]]
+    assert (e0["RLKUBE_RANK_BASE"], e0["LOCAL_WORLD_SIZE"]) == ("0", "2")
+    assert (e1["RLKUBE_RANK_BASE"], e1["LOCAL_WORLD_SIZE"]) == ("2", "2")
     assert e0["RLKUBE_CONFIG"] == "/etc/rlkube/run.yaml" and e0["RLKUBE_ATTEMPT"] == "3"
+    # Nothing the runtime does not read: a pod's roles come from run.yaml's device map and its
+    # ranks, its index and name from its labels and hostname (tests/unit/test_contract.py).
+    for unread in ("NODE_RANK", "RLKUBE_LOCAL_ROLES", "RLKUBE_JOB", "POD_NAME"):
+        assert unread not in e0 and unread not in e1
     assert objs[2]["spec"]["containers"][0]["command"] == ["python", "-m", "rlkube.runtime", "run", "/etc/rlkube/run.yaml"]
 
 
@@ -99,6 +99,7 @@ def test_configmap_is_the_runtime_config_with_device_map():
     assert config.device_map == {"actor": [0, 1], "critic": [2], "reward": [3], "reference": [0, 1]}
     assert config.algorithm == "ppo" and config.roles == s.roles
     assert "deviceMap:" in text and "device_map" not in text  # camelCase on the wire
+    assert config.progress_port == 8080  # the port the operator probes and polls, not a default
 
 
 def test_pod_is_pinned_to_its_planned_node_with_gpus_and_gate():

@@ -1,9 +1,10 @@
 """torch.distributed from the environment, and one process group per role.
 
-Reads the contract of docs/contracts (set by the operator, by torchrun, or by launch.py):
-RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. With no RANK and WORLD_SIZE 1 (a
-workstation) nothing is initialised and `DistContext.initialized` is False; every helper here
-works in that case too, so the trainer has one code path.
+Reads the env of the contract (`rlkube.runtime.contract.pod`, docs/architecture.md "The
+contract"; set by the operator, by torchrun, or by launch.py): RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT, and RLKUBE_ATTEMPT for the rendezvous log line. With no RANK and
+WORLD_SIZE 1 (a workstation) nothing is initialised and `DistContext.initialized` is False;
+every helper here works in that case too, so the trainer has one code path.
 
 Backend: NCCL when CUDA is available, else gloo. Timeouts: a loose one while the gang starts
 (pods come up minutes apart, models load), a tight one once training runs, so a rank that hangs
@@ -19,6 +20,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as tdist
 
+from rlkube.runtime.contract.pod import (
+    ENV_ATTEMPT,
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    MASTER_PORT,
+)
 from rlkube.runtime.infra.log import log, setup_logging
 
 START_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("RLKUBE_START_TIMEOUT_S", "1800")))
@@ -62,9 +72,9 @@ def env_int(name: str, default: int) -> int:
 
 def init_from_env(device_map: dict[str, list[int]] | None = None) -> DistContext:
     """Initialise the default process group from the environment and one group per role."""
-    rank = env_int("RANK", 0)
-    world = env_int("WORLD_SIZE", 1)
-    local_rank = env_int("LOCAL_RANK", 0)
+    rank = env_int(ENV_RANK, 0)
+    world = env_int(ENV_WORLD_SIZE, 1)
+    local_rank = env_int(ENV_LOCAL_RANK, 0)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
@@ -76,14 +86,15 @@ def init_from_env(device_map: dict[str, list[int]] | None = None) -> DistContext
     ctx.role_ranks = {role: list(r) for role, r in (device_map or {"actor": list(range(world))}).items()}
     if world == 1:
         return ctx
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault(ENV_MASTER_ADDR, "127.0.0.1")
+    os.environ.setdefault(ENV_MASTER_PORT, str(MASTER_PORT))
     kwargs = {"device_id": device} if backend == "nccl" else {}
     # Said before the wait (logging set up first), so a gang stuck in its rendezvous shows
-    # in every pod's log who is waiting for whom.
+    # in every pod's log who is waiting for whom, and for which restart attempt (a pod of a
+    # stale attempt waiting beside the new gang shows as such).
     setup_logging(rank)
-    log.info("distributed: rank %d/%d joining %s:%s (%s)", rank, world, os.environ["MASTER_ADDR"],
-             os.environ["MASTER_PORT"], backend)
+    log.info("distributed: rank %d/%d of attempt %s joining %s:%s (%s)", rank, world,
+             os.environ.get(ENV_ATTEMPT) or "-", os.environ[ENV_MASTER_ADDR], os.environ[ENV_MASTER_PORT], backend)
     tdist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=START_TIMEOUT, **kwargs)
     ctx.backend, ctx.initialized = backend, True
     # new_group must be called by every rank, for every group, in the same order.

@@ -1,15 +1,19 @@
 """The runtime's outcomes that are not crashes, and the exit codes the operator acts on.
 
-contracts.md: 0 finished; 3 invalid config (permanent); 4 non-finite loss (permanent); 143
-stopped by SIGTERM after writing a checkpoint; anything else a crash (retriable).
+The codes and their meanings are the contract's (`rlkube.runtime.contract.pod.EXIT_MEANINGS`,
+docs/architecture.md "The contract"): 0 finished; 3 invalid config (permanent); 4 non-finite
+loss (permanent); 143 stopped by SIGTERM after writing a checkpoint; anything else a crash
+(retriable). They are re-exported here next to the exceptions that lead to them.
 """
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_CONFIG = 3
-EXIT_NON_FINITE = 4
-EXIT_TERMINATED = 143
+from rlkube.runtime.contract.pod import (  # noqa: F401 (re-exported)
+    EXIT_CONFIG,
+    EXIT_NON_FINITE,
+    EXIT_OK,
+    EXIT_TERMINATED,
+)
 
 
 class ConfigError(ValueError):

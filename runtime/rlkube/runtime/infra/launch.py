@@ -1,4 +1,5 @@
-"""How `run` becomes training processes (contracts.md, "Operator -> runtime").
+"""How `run` becomes training processes, from the env of the contract (`rlkube.runtime.contract.pod`,
+docs/architecture.md "The contract").
 
 - RANK set (torchrun, or a worker this module started): run as that one rank, in-process.
 - LOCAL_WORLD_SIZE > 1 (the operator's pods: one process per GPU): start that many workers,
@@ -24,25 +25,37 @@ import subprocess
 import sys
 import time
 
-from rlkube.runtime.infra.errors import EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
+from rlkube.runtime.contract.pod import (
+    ENV_LOCAL_RANK,
+    ENV_LOCAL_WORLD_SIZE,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_RANK_BASE,
+    ENV_WORLD_SIZE,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    MASTER_PORT,
+    PERMANENT_EXIT_CODES,
+)
 
 CRASH_GRACE_S = 20.0
 
 
 def launch_mode(env: dict[str, str]) -> str:
-    if env.get("RANK", "") != "":
+    if env.get(ENV_RANK, "") != "":
         return "rank"
-    if int(env.get("LOCAL_WORLD_SIZE", "1") or "1") > 1:
+    if int(env.get(ENV_LOCAL_WORLD_SIZE, "1") or "1") > 1:
         return "spawn"
-    if env.get("RLKUBE_RANK_BASE", "") != "":
+    if env.get(ENV_RANK_BASE, "") != "":
         return "pod"
     return "single"
 
 
 def pod_rank_env(env: dict[str, str]) -> dict[str, str]:
     """The rank variables of the one process of an operator pod ("pod" mode)."""
-    (worker,) = worker_envs({**env, "LOCAL_WORLD_SIZE": "1"})
-    return {k: worker[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    (worker,) = worker_envs({**env, ENV_LOCAL_WORLD_SIZE: "1"})
+    return {k: worker[k] for k in (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT)}
 
 
 def free_port() -> int:
@@ -53,19 +66,19 @@ def free_port() -> int:
 
 def worker_envs(env: dict[str, str], port: int | None = None) -> list[dict[str, str]]:
     """The environment of each local worker."""
-    local = int(env["LOCAL_WORLD_SIZE"])
-    base = int(env.get("RLKUBE_RANK_BASE", "0") or "0")
+    local = int(env[ENV_LOCAL_WORLD_SIZE])
+    base = int(env.get(ENV_RANK_BASE, "0") or "0")
     common = dict(env)
-    common.setdefault("WORLD_SIZE", str(local))
-    if "MASTER_ADDR" not in env:
-        common["MASTER_ADDR"] = "127.0.0.1"
-        common["MASTER_PORT"] = str(port or free_port())
-    common.setdefault("MASTER_PORT", "29500")
-    return [{**common, "RANK": str(base + i), "LOCAL_RANK": str(i)} for i in range(local)]
+    common.setdefault(ENV_WORLD_SIZE, str(local))
+    if ENV_MASTER_ADDR not in env:
+        common[ENV_MASTER_ADDR] = "127.0.0.1"
+        common[ENV_MASTER_PORT] = str(port or free_port())
+    common.setdefault(ENV_MASTER_PORT, str(MASTER_PORT))
+    return [{**common, ENV_RANK: str(base + i), ENV_LOCAL_RANK: str(i)} for i in range(local)]
 
 
 def gang_exit_code(codes: list[int], terminated: bool) -> int:
-    for permanent in (EXIT_CONFIG, EXIT_NON_FINITE):
+    for permanent in PERMANENT_EXIT_CODES:
         if permanent in codes:
             return permanent
     if all(c == EXIT_OK for c in codes):

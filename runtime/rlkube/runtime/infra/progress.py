@@ -10,6 +10,10 @@ container's termination message (`{"progress": {...}}` in /dev/termination-log, 
 kubelet copies into the pod's status). The operator reads it from there, so a run that ends
 between two polls, or before the first, still leaves its final step and throughput in
 `status.progress`.
+
+The paths, the report's fields and the termination message are the contract's
+(`rlkube.runtime.contract.pod`, `rlkube.runtime.contract.progress`); the report also says which
+restart attempt (RLKUBE_ATTEMPT) it comes from.
 """
 
 from __future__ import annotations
@@ -23,32 +27,53 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-# Where the kubelet reads a container's termination message (the pod spec's default path).
-TERMINATION_LOG = "/dev/termination-log"
-TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of it
-FIELDS = ("phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization", "loss", "rewardMean")
+from rlkube.runtime.contract import progress as report
+from rlkube.runtime.contract.pod import ENV_ATTEMPT, ENV_LOCAL_RANK, HEALTH_PATH, METRICS_PATH, PROGRESS_PATH
+from rlkube.runtime.contract.progress import (
+    TERMINATION_LOG,
+    TERMINATION_LOG_MAX_BYTES,
+    TERMINATION_MESSAGE_KEY,
+)
+
+FIELDS = report.REPORT_FIELDS
+# Where a test (or a run outside Kubernetes) has the termination message written instead.
+ENV_TERMINATION_LOG = "RLKUBE_TERMINATION_LOG"
+
+
+def attempt_from_env() -> int | None:
+    """The gang restart attempt the operator started this pod for; None outside an operator pod."""
+    value = os.environ.get(ENV_ATTEMPT, "")
+    return int(value) if value.isdigit() else None
 
 
 class Progress:
     """The job's current state, shared between the training loop and the HTTP thread."""
 
-    def __init__(self, total_steps: int) -> None:
+    def __init__(self, total_steps: int, attempt: int | None = None) -> None:
         self._lock = threading.Lock()
         self._state: dict = {k: None for k in FIELDS}
-        self._state.update(phase="starting", step=0, totalSteps=total_steps)
+        self._state.update({
+            report.PHASE: report.PHASE_STARTING,
+            report.STEP: 0,
+            report.TOTAL_STEPS: total_steps,
+            report.ATTEMPT: attempt if attempt is not None else attempt_from_env(),
+        })
         self.registry = CollectorRegistry()
         self._gauges = {
-            "step": Gauge("rlkube_step", "Optimizer steps completed", registry=self.registry),
-            "totalSteps": Gauge("rlkube_total_steps", "Optimizer steps to run", registry=self.registry),
-            "tokensPerSecond": Gauge("rlkube_tokens_per_second", "Non-pad tokens per second", registry=self.registry),
-            "mfu": Gauge("rlkube_mfu", "Model FLOPs utilization against the card's peak", registry=self.registry),
-            "gpuUtilization": Gauge("rlkube_gpu_utilization", "GPU utilization (NVML), 0..1", registry=self.registry),
-            "loss": Gauge("rlkube_loss", "Training loss of the last step", registry=self.registry),
-            "rewardMean": Gauge("rlkube_reward_mean", "Mean reward (DPO: chosen implicit reward)", registry=self.registry),
+            report.STEP: Gauge("rlkube_step", "Optimizer steps completed", registry=self.registry),
+            report.TOTAL_STEPS: Gauge("rlkube_total_steps", "Optimizer steps to run", registry=self.registry),
+            report.TOKENS_PER_SECOND: Gauge("rlkube_tokens_per_second", "Non-pad tokens per second",
+                                            registry=self.registry),
+            report.MFU: Gauge("rlkube_mfu", "Model FLOPs utilization against the card's peak", registry=self.registry),
+            report.GPU_UTILIZATION: Gauge("rlkube_gpu_utilization", "GPU utilization (NVML), 0..1",
+                                          registry=self.registry),
+            report.LOSS: Gauge("rlkube_loss", "Training loss of the last step", registry=self.registry),
+            report.REWARD_MEAN: Gauge("rlkube_reward_mean", "Mean reward (DPO: chosen implicit reward)",
+                                      registry=self.registry),
         }
         self._extra: dict[str, Gauge] = {}
         self.tokens = Counter("rlkube_tokens", "Non-pad tokens trained on", registry=self.registry)
-        self._gauges["totalSteps"].set(total_steps)
+        self._gauges[report.TOTAL_STEPS].set(total_steps)
 
     def update(self, tokens: int = 0, extra: dict[str, float] | None = None, **fields) -> None:
         with self._lock:
@@ -76,12 +101,12 @@ def write_termination_message(progress: Progress, path: str | None = None) -> bo
     The path is $RLKUBE_TERMINATION_LOG, else /dev/termination-log when it exists (the kubelet
     creates it in every container; a workstation has none, and nothing is written there).
     """
-    path = path or os.environ.get("RLKUBE_TERMINATION_LOG") or TERMINATION_LOG
+    path = path or os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG
     if path == TERMINATION_LOG and not os.path.exists(path):
         return False
     # A non-finite loss (the run that failed for it) is no JSON number: it is left out.
-    report = {k: v for k, v in progress.snapshot().items() if not (isinstance(v, float) and not math.isfinite(v))}
-    body = json.dumps({"progress": report}, separators=(",", ":"), default=str)
+    last = {k: v for k, v in progress.snapshot().items() if not (isinstance(v, float) and not math.isfinite(v))}
+    body = json.dumps({TERMINATION_MESSAGE_KEY: last}, separators=(",", ":"), default=str)
     if len(body) > TERMINATION_LOG_MAX_BYTES:  # cannot happen with FIELDS, but never write a cut JSON
         return False
     try:
@@ -98,11 +123,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         path = self.path.split("?", 1)[0]
         progress = self.server.progress  # type: ignore[attr-defined]
-        if path == "/healthz":
+        if path == HEALTH_PATH:
             self._send(200, b"ok", "text/plain")
-        elif path == "/progress" and progress is not None:
+        elif path == PROGRESS_PATH and progress is not None:
             self._send(200, json.dumps(progress.snapshot()).encode(), "application/json")
-        elif path == "/metrics" and progress is not None:
+        elif path == METRICS_PATH and progress is not None:
             self._send(200, generate_latest(progress.registry), CONTENT_TYPE_LATEST)
         else:
             self._send(404, b"not found", "text/plain")
@@ -149,7 +174,7 @@ _early: ProgressServer | None = None
 def serve_health_early(port: int) -> ProgressServer | None:
     """Start this process's /healthz now (the pod's first process only: LOCAL_RANK 0)."""
     global _early
-    if not port or os.environ.get("LOCAL_RANK", "0") not in ("", "0") or _early is not None:
+    if not port or os.environ.get(ENV_LOCAL_RANK, "0") not in ("", "0") or _early is not None:
         return _early
     try:
         _early = ProgressServer(None, port)

@@ -1,0 +1,51 @@
+"""Rank 0's progress report: the `/progress` JSON fields and where each lands in `status.progress`.
+
+The runtime serves the report (infra/progress.py) on pod.PROGRESS_PORT at pod.PROGRESS_PATH, and
+writes its last one as the container's termination message `{"progress": {...}}` when training
+ends. The operator polls it (progress_client.py) or reads that message, and copies the fields of
+`STATUS_PROGRESS` into `status.progress` (status.py; status_types.ProgressStatus is the schema).
+Fields mapped to None are reported for people and logs only: the trainer's own stage (`phase`;
+the job's phase is the operator's) and the restart attempt it runs as (`status.attempt` is the
+operator's). docs/architecture.md ("The contract") draws the whole map.
+"""
+
+from __future__ import annotations
+
+# /progress JSON keys.
+PHASE = "phase"                        # starting, training, succeeded, failed
+STEP = "step"                          # optimizer steps done
+TOTAL_STEPS = "totalSteps"             # optimizer steps the run will do
+TOKENS_PER_SECOND = "tokensPerSecond"  # real (non-pad) tokens trained per second, whole job
+MFU = "mfu"                            # model FLOPs utilization, 0..1
+GPU_UTILIZATION = "gpuUtilization"     # GPU busy ratio, 0..1
+LOSS = "loss"                          # training loss of the latest step
+REWARD_MEAN = "rewardMean"             # mean rollout reward (DPO: chosen implicit reward)
+ATTEMPT = "attempt"                    # gang restart attempt, from the pod's env (pod.ENV_ATTEMPT)
+
+# The trainer's stages, the values of PHASE.
+PHASE_STARTING = "starting"
+PHASE_TRAINING = "training"
+PHASE_SUCCEEDED = "succeeded"
+PHASE_FAILED = "failed"
+
+# Every /progress field -> its status.progress field (camelCase), None where it is not copied.
+STATUS_PROGRESS: dict[str, str | None] = {
+    PHASE: None,
+    STEP: "step",
+    TOTAL_STEPS: "totalSteps",
+    TOKENS_PER_SECOND: "tokensPerSecond",
+    MFU: "mfu",
+    GPU_UTILIZATION: "gpuUtilization",
+    LOSS: "loss",
+    REWARD_MEAN: "rewardMean",
+    ATTEMPT: None,
+}
+REPORT_FIELDS: tuple[str, ...] = tuple(STATUS_PROGRESS)
+# The fields the operator reads from a report: the trainer's phase and those it copies.
+PROGRESS_FIELDS: tuple[str, ...] = (PHASE, *(key for key, field in STATUS_PROGRESS.items() if field))
+
+# The termination message: the kubelet copies this file into the pod's status, where the operator
+# finds the last report even when the run ended between two polls.
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_MAX_BYTES = 4096  # the kubelet keeps at most this much of it
+TERMINATION_MESSAGE_KEY = "progress"

@@ -1,0 +1,413 @@
+"""The lifecycle decisions (`lifecycle.decide`), table-driven on small jobs, pods and nodes, and
+properties over random histories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from operator_builders import World, at, job, node, with_status
+
+from rlkube.operator import lifecycle
+from rlkube.operator.observed import JobView, pod_views
+
+FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
+
+
+def world(nodes=None, **kw) -> World:
+    return World(job(**kw), nodes if nodes is not None else [node("a", 4), node("b", 4)], FAST)
+
+
+def running_world(**kw) -> World:
+    """A PPO job (4 pods of 1 GPU) admitted, bound and running at t=3."""
+    w = world(**kw)
+    w.step(at(0))            # plan + create
+    w.step(at(1))            # admit (ungate)
+    w.bind_all()
+    w.step(at(3))            # running
+    assert w.status["phase"] == "Running", w.status
+    return w
+
+
+# -- lifecycle decisions ----------------------------------------------------------------------
+
+
+def test_new_job_asks_for_inventory_then_creates_gated_gang():
+    w = world()
+    d = lifecycle.decide(w.view(), [], at(0))
+    assert d.need_cluster and d.status is None
+    d = w.step(at(0))
+    kinds = [o["kind"] for o in d.create]
+    assert kinds == ["Service", "ConfigMap", "Pod", "Pod", "Pod", "Pod"]
+    assert all(o["spec"]["schedulingGates"] == [{"name": "rlkube.io/gang"}] for o in d.create if o["kind"] == "Pod")
+    assert w.status["phase"] == "Scheduling" and w.status["attempt"] == 0
+    assert w.status["startTime"] == "2026-12-02T12:00:00Z"
+    assert [c["type"] for c in w.status["conditions"] if c["status"] == "True"] == ["Placed", "Progressing"]
+    assert len(w.status["placement"]["pods"]) == 4
+    # planned on a fresh inventory: admitted in the same step, gates off once every create is done
+    assert w.reasons() == ["Placed", "Admitted"] and w.status["admissionTime"] == "2026-12-02T12:00:00Z"
+    assert sorted(u.name for u in d.ungate) == sorted(o["metadata"]["name"] for o in d.create if o["kind"] == "Pod")
+    assert all(not p["spec"]["schedulingGates"] for p in w.pods.values())
+    assert d.requeue_after == 600  # the gang timeout
+
+
+def test_gated_pods_without_a_recorded_admission_are_checked_then_ungated():
+    w = world()
+    w.step(at(0), crash_after=6)  # the creates went through, the gate removals did not
+    del w.job["status"]["admissionTime"]  # and no admission on record (an older operator's state)
+    d = w.step(at(1))
+    assert d.action == "ungate" and len(d.ungate) == 4
+    assert all(not p["spec"]["schedulingGates"] for p in w.pods.values())
+    assert w.status["admissionTime"] == "2026-12-02T12:00:01Z"
+
+
+def test_admission_interrupted_between_two_gate_removals_is_finished():
+    w = world()
+    w.step(at(0), crash_after=7)  # 2 objects + 4 pods created, one gate removed, then a crash
+    assert sum(1 for p in w.pods.values() if p["spec"]["schedulingGates"]) == 3
+    d = w.step(at(2))
+    assert d.action == "ungate" and len(d.ungate) == 3
+    assert all(not p["spec"]["schedulingGates"] for p in w.pods.values())
+
+
+def test_admission_interrupted_between_two_creates_is_finished():
+    w = world()
+    w.step(at(0), crash_after=4)  # Service, ConfigMap and 2 of the 4 pods
+    assert len(w.pods) == 2
+    d = w.step(at(1))
+    assert d.action == "create" and len([o for o in d.create if o["kind"] == "Pod"]) == 2 and len(d.ungate) == 2
+    w.step(at(2))  # the first two are still gated: their gates come off too
+    assert len(w.pods) == 4 and all(not p["spec"]["schedulingGates"] for p in w.pods.values())
+
+
+
+
+def test_plan_that_no_longer_fits_is_replanned_not_counted():
+    w = world()
+    w.step(at(0), crash_after=6)
+    del w.job["status"]["admissionTime"]  # gated, not admitted (see the test above)
+    planned = {p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+               ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0] for p in w.pods.values()}
+    # Someone else's pod takes GPUs on the planned node while ours wait at the gate.
+    w.other_pods = [with_status({"metadata": {"name": "x"}, "spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "4"}}}]}}, "Running", node_name=sorted(planned)[0])]
+    d = w.step(at(1))
+    assert d.action == "replan" and w.status["attempt"] == 1 and w.status["restarts"] == 0
+    assert "planned node" in w.events[-1].message and not w.pods
+    assert "nextAttemptTime" not in w.status
+
+
+def test_unschedulable_stays_pending_with_one_event():
+    w = world(nodes=[node("a", 1)])
+    d = w.step(at(0))
+    assert w.status["phase"] == "Pending" and d.requeue_after == 15 and not d.create
+    placed = next(c for c in w.status["conditions"] if c["type"] == "Placed")
+    assert placed["status"] == "False" and placed["reason"] == "Unschedulable" and placed["message"]
+    w.step(at(15))
+    assert w.reasons() == ["Unschedulable"]  # not repeated while nothing changed
+    w.nodes.append(node("b", 4))
+    w.step(at(30))
+    assert w.status["phase"] == "Scheduling"
+
+
+def test_running_event_once_and_status_converges():
+    w = running_world()
+    assert w.reasons().count("Running") == 1
+    writes = w.writes
+    for t in (4, 5, 6):
+        d = w.step(at(t))
+        assert not d.create and not d.delete and not d.ungate and not d.events
+    assert w.writes == writes  # nothing changes: no status write, no hot loop
+    ready = next(c for c in w.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and w.status["roles"]["critic"]["ready"] is True
+
+
+def test_progress_is_recorded_while_running():
+    w = running_world()
+    w.step(at(10), progress={"step": 7, "totalSteps": 30, "loss": 0.5})
+    assert w.status["progress"]["step"] == 7
+    w.step(at(11))
+    assert w.status["progress"]["step"] == 7  # kept between polls
+
+
+def test_a_run_that_ends_between_polls_leaves_its_final_report_in_the_status():
+    """Rank 0 writes its last report as the termination message; it lands in status.progress
+    with the Succeeded phase, once: later resyncs of the finished job write nothing."""
+    w = running_world()
+    w.step(at(10), progress={"step": 7, "totalSteps": 30, "loss": 0.5})
+    final = json.dumps({"progress": {"phase": "succeeded", "step": 30, "totalSteps": 30, "loss": 0.1,
+                                     "tokensPerSecond": 1234.5}})
+    for i, name in enumerate(sorted(w.pods)):
+        w.set_pod(name, "Succeeded", exit_code=0, message=final if i == 0 else "")
+    w.step(at(12))
+    assert w.status["phase"] == "Succeeded"
+    assert w.status["progress"]["step"] == 30 and w.status["progress"]["tokensPerSecond"] == 1234.5
+    writes = w.writes
+    w.step(at(60))
+    assert w.writes == writes  # the finished job's status is not rewritten on resync
+    # A report is data: it does not become the pod's message in conditions.
+    assert all("progress" not in (c.get("message") or "") for c in w.status["conditions"])
+
+
+@pytest.mark.parametrize("code, phase, reason", [(3, "Failed", "ExitCode"), (4, "Failed", "ExitCode"),
+                                                 (1, "Restarting", "PodFailed"), (143, "Restarting", "PodFailed"),
+                                                 (137, "Restarting", "PodFailed")])
+def test_exit_codes(code, phase, reason):
+    w = running_world()
+    name = sorted(w.pods)[2]
+    w.set_pod(name, "Failed", exit_code=code)
+    others = sorted(n for n in w.pods if n != name)
+    d = w.step(at(5))
+    assert w.status["phase"] == phase and w.events[-1].reason == reason
+    if phase == "Failed":
+        assert w.status["completionTime"] == "2026-12-02T12:00:05Z"
+        assert sorted(d.delete) == others and list(w.pods) == [name]  # the failed pod stays for its logs
+        assert w.status["attempt"] == 0 and w.status["restarts"] == 0
+    else:
+        assert w.status["attempt"] == 1 and w.status["restarts"] == 1
+        assert w.status["nextAttemptTime"] == "2026-12-02T12:00:15Z"
+        assert not w.pods  # the whole gang goes
+
+
+def test_gang_restart_backoff_then_new_attempt_with_same_names():
+    w = running_world()
+    names = sorted(w.pods)
+    w.set_pod(names[0], "Failed", exit_code=1)
+    w.step(at(5))
+    d = w.step(at(6))
+    assert w.status["phase"] == "Restarting" and 8.9 < d.requeue_after <= 9.0 and not d.create
+    d = w.step(at(15))
+    assert d.action == "create" and sorted(w.pods) == names
+    assert {p["metadata"]["labels"]["rlkube.io/attempt"] for p in w.pods.values()} == {"1"}
+    env = {e["name"]: e.get("value") for e in w.pods[names[0]]["spec"]["containers"][0]["env"]}
+    assert env["RLKUBE_ATTEMPT"] == "1"
+
+
+def test_stale_pods_are_deleted_and_waited_for():
+    w = running_world()
+    stale = dict(w.pods)
+    w.set_pod(sorted(w.pods)[0], "Failed", exit_code=1)
+    w.step(at(5))
+    w.pods = {n: with_status(p, "Running", node_name="a") for n, p in stale.items()}  # deletion not done yet
+    d = w.step(at(20))
+    assert sorted(d.delete) == sorted(stale) and not d.create and w.status["phase"] == "Restarting"
+    for p in stale.values():
+        p["metadata"]["deletionTimestamp"] = "2026-12-02T12:00:20Z"
+    w.pods = stale
+    d = w.step(at(21))
+    assert not d.delete and not d.create  # terminating: wait for them to go
+
+
+def test_backoff_limit_fails_the_job():
+    w = running_world(runPolicy={"backoffLimit": 1})
+    w.set_pod(sorted(w.pods)[0], "Failed", exit_code=1)
+    w.step(at(5))
+    w.step(at(15))
+    w.step(at(16))
+    w.bind_all()
+    w.step(at(17))
+    w.set_pod(sorted(w.pods)[1], "Failed", exit_code=1)
+    w.step(at(18))
+    assert w.status["phase"] == "Failed" and w.events[-1].reason == "BackoffLimitExceeded"
+    assert w.status["restarts"] == 1
+
+
+@pytest.mark.parametrize("how, reason", [("evicted", "PodDisrupted"), ("vanished", "PodLost"), ("node", "NodeLost")])
+def test_disruptions_replan_without_counting(how, reason):
+    w = running_world()
+    name = sorted(w.pods)[1]
+    if how == "evicted":
+        w.set_pod(name, "Failed", reason="Evicted", disrupted=True)
+    elif how == "vanished":
+        del w.pods[name]
+    else:
+        w.nodes = [n for n in w.nodes if n["metadata"]["name"] != w.pods[name]["spec"]["nodeName"]]
+        # A running gang's reconcile does not list nodes (PodGC removes pods of a deleted node,
+        # which is the "vanished" case); when the inventory is at hand, a gone node re-plans too.
+        view = w.view()
+        d = lifecycle.decide(view, pod_views(list(w.pods.values())), at(5),
+                             lifecycle.cluster_view(w.nodes, [], view.spec), None, FAST)
+        assert d.action == "replan" and d.events[-1].reason == reason
+        return
+    d = w.step(at(5))
+    assert d.action == "replan" and w.events[-1].reason == reason
+    assert w.status["attempt"] == 1 and w.status["restarts"] == 0 and "nextAttemptTime" not in w.status
+
+
+def test_all_succeeded_then_ttl_deletes_the_job():
+    w = running_world(runPolicy={"ttlSecondsAfterFinished": 60})
+    for name in w.pods:
+        w.set_pod(name, "Succeeded", exit_code=0)
+    w.step(at(10))
+    assert w.status["phase"] == "Succeeded" and w.reasons()[-1] == "Succeeded"
+    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in w.status["conditions"])
+    d = w.step(at(30))
+    assert not d.delete_job and d.requeue_after == 40
+    d = w.step(at(70))
+    assert d.delete_job and w.reasons()[-1] == "TTLExpired"
+
+
+def test_some_succeeded_others_running_is_still_running():
+    w = running_world()
+    w.set_pod(sorted(w.pods)[0], "Succeeded", exit_code=0)
+    w.step(at(10))
+    assert w.status["phase"] == "Running"
+
+
+def test_suspend_tears_down_and_resume_replans():
+    w = running_world()
+    w.job["spec"]["runPolicy"] = {"suspend": True}
+    d = w.step(at(10))
+    assert w.status["phase"] == "Suspended" and len(d.delete) == 4 and w.status["attempt"] == 1
+    assert "startTime" not in w.status and "placement" not in w.status
+    w.step(at(11))
+    assert w.status["attempt"] == 1 and w.reasons().count("Suspended") == 1
+    w.job["spec"]["runPolicy"] = {"suspend": False}
+    d = w.step(at(20))
+    assert d.action == "create" and w.status["phase"] == "Scheduling"
+    assert w.reasons()[-3:] == ["Resumed", "Placed", "Admitted"]
+    suspended = next(c for c in w.status["conditions"] if c["type"] == "Suspended")
+    assert suspended["status"] == "False"
+    assert {p["metadata"]["labels"]["rlkube.io/attempt"] for p in w.pods.values()} == {"1"}
+
+
+def test_created_suspended_never_makes_pods():
+    w = world(runPolicy={"suspend": True})
+    d = w.step(at(0))
+    assert w.status["phase"] == "Suspended" and not d.create and w.status["attempt"] == 0
+
+
+def test_deadline_fails_the_job():
+    w = running_world(runPolicy={"activeDeadlineSeconds": 100})
+    d = w.step(at(50))
+    assert d.requeue_after == pytest.approx(50)
+    d = w.step(at(100))
+    assert w.status["phase"] == "Failed" and w.reasons()[-1] == "DeadlineExceeded" and len(d.delete) == 4
+
+
+def test_gang_timeout_replans_but_not_for_volcano():
+    w = world()
+    w.step(at(0))  # planned, created and admitted; nothing binds the pods
+    d = w.step(at(300))
+    assert d.requeue_after == pytest.approx(300)
+    d = w.step(at(601))
+    assert d.action == "replan" and w.events[-1].reason == "GangTimeout" and w.status["restarts"] == 0
+
+    v = world(schedulerName="volcano")
+    d = v.step(at(0))
+    assert all("schedulingGates" not in o["spec"] for o in d.create if o["kind"] == "Pod")
+    assert not d.ungate and v.status["admissionTime"]  # admission is Volcano's: nothing to ungate
+    d = v.step(at(5000))
+    assert d.action == "wait" and v.status["phase"] == "Scheduling"
+
+
+def test_invalid_spec_fails_with_the_field_path():
+    w = world()
+    w.job["spec"]["placement"] = {"gpusPerPod": 3}
+    w.step(at(0))
+    assert w.status["phase"] == "Failed"
+    failed = next(c for c in w.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec" and "spec.placement.gpusPerPod" in failed["message"]
+    w.step(at(1))
+    assert w.reasons() == ["InvalidSpec"]
+
+
+def test_failed_job_deletes_remaining_running_pods_and_stays_failed():
+    w = running_world()
+    names = sorted(w.pods)
+    w.set_pod(names[0], "Failed", exit_code=3)
+    d = w.step(at(5))
+    assert sorted(d.delete) == names[1:] and names[0] in w.pods
+    w.step(at(6))
+    assert w.status["phase"] == "Failed"
+
+
+# -- properties over random histories ----------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rlkube.operator.api import PHASES  # noqa: E402
+from rlkube.operator.render import pod_names  # noqa: E402
+
+ACTIONS = st.sampled_from(["bind", "fail1", "fail3", "evict", "vanish", "succeed", "suspend", "resume", "wait",
+                           "crash0", "crash1", "crash2", "crash3"])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(ACTIONS, min_size=1, max_size=20), st.integers(0, 3))
+def test_random_histories_keep_the_invariants(actions, backoff_limit):
+    w = world(runPolicy={"backoffLimit": backoff_limit})
+    names = pod_names("tiny", w.view().spec)
+    t, last_attempt, terminal = 0.0, 0, None
+    for action in actions:
+        pods = sorted(w.pods)
+        if action == "bind":
+            w.bind_all()
+        elif action in ("fail1", "fail3", "evict", "succeed", "vanish") and pods:
+            name = pods[int(t) % len(pods)]
+            if not w.pods[name]["spec"].get("nodeName"):
+                continue
+            if action == "vanish":
+                del w.pods[name]
+            elif action == "evict":
+                w.set_pod(name, "Failed", reason="Evicted", disrupted=True)
+            elif action == "succeed":
+                for n in pods:
+                    if w.pods[n]["spec"].get("nodeName"):
+                        w.set_pod(n, "Succeeded", exit_code=0)
+            else:
+                w.set_pod(name, "Failed", exit_code=int(action[-1]))
+        elif action in ("suspend", "resume"):
+            w.job["spec"]["runPolicy"]["suspend"] = action == "suspend"
+        t += 7
+        w.step(at(t), crash_after=int(action[-1]) if action.startswith("crash") else None)
+        status = w.status
+        # names are the deterministic ones, so no index can ever have two pods
+        assert set(w.pods) <= set(names)
+        assert status["phase"] in PHASES
+        assert status["attempt"] >= last_attempt
+        last_attempt = status["attempt"]
+        assert status["restarts"] <= backoff_limit
+        if terminal is not None:
+            assert status["phase"] == terminal  # Succeeded and Failed are final
+        elif status["phase"] in ("Succeeded", "Failed"):
+            terminal = status["phase"]
+        if status["phase"] not in ("Succeeded", "Failed"):
+            # pods of other attempts are only ever on their way out
+            assert all(p["metadata"]["labels"]["rlkube.io/attempt"] == str(status["attempt"])
+                       for p in w.pods.values()) or status["phase"] in ("Restarting", "Suspended")
+    # Quiescence: with nothing changing outside, the status stops changing (no hot loop), after
+    # at most a few steps (backoff, re-creation, admission need their own steps).
+    for _ in range(8):
+        t += 400
+        w.bind_all()  # a healthy scheduler from now on
+        w.step(at(t))
+    writes = w.writes
+    w.step(at(t))
+    assert w.writes == writes
+    # With a healthy scheduler no gang may wait for its timeout: a crash mid-admission must not
+    # leave a pod gated.
+    assert "GangTimeout" not in w.reasons()
+    if w.status["phase"] not in ("Succeeded", "Failed", "Suspended"):
+        assert w.status["phase"] == "Running", w.status["phase"]
+
+
+def test_unbound_pods_of_other_jobs_hold_their_planned_gpus():
+    nodes = [node("a", 4), node("b", 4)]
+    first = world(nodes=nodes)
+    first.step(at(0))
+    gated = list(first.pods.values())  # 4 pods of 1 GPU, gated, planned on one node
+    planned_node = gated[0]["metadata"]["annotations"]["rlkube.io/planned-node"]
+    other = job(name="other")
+    other["metadata"]["uid"] = "other-uid"
+    view = JobView.from_object(other)
+    c = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid="other-uid")
+    free = {n.name: n.gpus_free for n in c.inventory}
+    assert free[planned_node] == 0 and sum(free.values()) == 4
+    d = lifecycle.decide(view, [], at(1), c)
+    assert {o["metadata"]["annotations"]["rlkube.io/planned-node"] for o in d.create if o["kind"] == "Pod"} \
+        == {n for n in free if n != planned_node}
+    # a job's own unbound pods do not count against it (its admission check would never pass)
+    own = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid=first.view().ref.uid)
+    assert all(n.gpus_free == 4 for n in own.inventory)

@@ -1,0 +1,257 @@
+"""Does the GPU wait? Busy time, per-phase busy, MFU, tokens/s, checkpoint stall and start-up of
+the real CLI path (`python -m rlkube.runtime run CONFIG` as a subprocess) for DPO (long-tailed
+lengths), GRPO and PPO on a Qwen2.5-1.5B-shaped model.
+
+On a machine with a CUDA GPU, from the repository root (needs only torch, transformers,
+pydantic, pyyaml and nvidia-ml-py; no install of rlkube):
+    PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py                 # all three, ~9 min
+    PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --cases grpo --steps 30
+    PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --tiny --cpu     # CPU dry run
+
+Each case: the bench saves a randomly initialised model with save_pretrained into a temp dir
+(so the runtime's load path runs, as with a real checkpoint; the byte-level tokenizer needs no
+files), writes a RuntimeConfig pointing model.path at it with a checkpoint every `--every`
+steps, and runs the CLI while a separate `nvidia-smi -lms 200` process samples the GPU's
+utilization (the same counter DCGM_FI_DEV_GPU_UTIL exports). Reported per case (one JSON object
+each, a table last):
+- busy: mean nvidia-smi utilization from the first step's end to the last step's end
+  (checkpoint stalls included), and to the process's exit (the last checkpoint's write too);
+- busy per phase: from the runtime's own step log (`gpuBusyPhases`, its 10 Hz NVML sampler),
+  weighted by phase time; absent on a runtime that does not log them;
+- MFU (mean of the runtime's per-step MFU after the first step), tokens/s and tokens/s/GPU
+  (all tokens of the steps after the first / (their step time x GPUs));
+- checkpoint stall per save (the runtime's `checkpointSave` events: time the step loop was
+  blocked) and write time per commit;
+- start-up: launch -> first step's end as seen from here, and the runtime's split
+  (`startupSeconds`: import, model load, first step) when it logs one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPES = {
+    # Qwen2.5-1.5B's config.json, minus the weights
+    "qwen1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                     num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                     max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=True),
+    "tiny": dict(model_type="qwen2", vocab_size=259, hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=4096, tie_word_embeddings=True),
+}
+# Steps per case sized to ~3 minutes each on an H200 (start-up and checkpoint writes included).
+DEFAULT_STEPS = {"dpo": 60, "grpo": 40, "ppo": 40}
+TINY_STEPS = {"dpo": 5, "grpo": 5, "ppo": 5}
+CASE_TIMEOUT_S = 240
+
+
+def save_model(shape: str, path: Path, cuda: bool) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    with torch.device("cuda" if cuda else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if cuda else torch.float32)
+    model.save_pretrained(path)
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def prompts_file(path: Path, n: int, chars: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;"
+    with path.open("w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"prompt": "".join(rng.choice(alphabet) for _ in range(chars))}) + "\n")
+
+
+def case_config(case: str, args, model_dir: Path, work: Path) -> dict:
+    """The camelCase RuntimeConfig of one case."""
+    steps = args.steps_of[case]
+    tiny = args.tiny
+    common = {
+        "model": {"path": str(model_dir), "dtype": "float32" if args.cpu else "bfloat16", "attention": "auto"},
+        "training": {"steps": steps, "lr": 1e-6, "seed": 0},
+        "checkpoint": {"dir": str(work / "ckpt"), "everySteps": args.every, "keep": 1},
+        "progressPort": 0,
+        "outputDir": str(work / "out"),
+    }
+    if case == "dpo":
+        max_len = 64 if tiny else 4096
+        batch = 8 if tiny else 32
+        return {**common, "algorithm": "dpo",
+                "roles": {"actor": {"gpus": 1}, "reference": {"colocateWith": "actor"}},
+                "data": {"source": "bench", "format": "synthetic", "numSamples": batch * steps,
+                         "maxSeqLen": max_len, "lengthMix": "longTailed", "seed": 0},
+                "batching": {"globalBatch": batch, "maxTokensPerGpu": 512 if tiny else 32768,
+                             "maxMicroBatch": 4096}}
+    prompt_chars, new_tokens = (8, 8) if tiny else (127, 128)
+    prompts = 4 if tiny else (16 if case == "grpo" else 64)
+    data = work / "prompts.jsonl"
+    prompts_file(data, prompts * steps, prompt_chars)
+    roles = {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"}}
+    if case == "ppo":
+        roles["critic"] = {"colocateWith": "actor"}
+    return {**common, "algorithm": case, "roles": roles,
+            "data": {"source": str(data), "format": "jsonl", "maxSeqLen": prompt_chars + 1 + new_tokens},
+            "batching": {"globalBatch": prompts, "maxMicroBatch": 4 if tiny else 32, "mode": "fixed"},
+            "training": {**common["training"], "groupSize": 8 if case == "grpo" else 1, "kl": 0.0,
+                         "ppoEpochs": 1, "miniBatches": 1},
+            "rollout": {"maxNewTokens": new_tokens, "temperature": 1.0}}
+
+
+class Sampler:
+    """`nvidia-smi ... -lms 200` in its own process; (time, utilization 0..1) per line."""
+
+    def __init__(self, gpu: str) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "-i", gpu, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.isdigit():
+                self.samples.append((time.time(), int(line) / 100.0))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.thread.join(timeout=10)
+
+    def mean(self, start: float, end: float) -> float | None:
+        values = [v for t, v in self.samples if start < t <= end]
+        return round(sum(values) / len(values), 4) if values else None
+
+
+def run_case(case: str, args, gpu_sampler_gpu: str | None) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"bench-util-{case}-"))
+    try:
+        model_dir = work / "model"
+        save_model(args.shape, model_dir, cuda=not args.cpu)
+        cfg_path = work / "run.yaml"
+        cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work)))
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "runtime"), PYTHONUNBUFFERED="1")
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            env.pop(k, None)
+        if args.cpu:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        sampler = Sampler(gpu_sampler_gpu) if gpu_sampler_gpu is not None else None
+        launched = time.time()
+        proc = subprocess.run([sys.executable, "-m", "rlkube.runtime", "run", str(cfg_path)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+        exited = time.time()
+        if sampler is not None:
+            sampler.stop()
+        recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0:
+            return {"case": case, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
+        return summarize(case, recs, sampler, launched, exited)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: float, exited: float) -> dict:
+    steps = [r for r in recs if r.get("event") == "step"]
+    start = next((r for r in recs if r.get("event") == "start"), {})
+    after = steps[1:]
+    seconds = sum(r["seconds"] for r in after)
+    tokens = sum(r["tokens"] for r in after)
+    gpus = int(start.get("worldSize") or 1)
+    first_end, last_end = steps[0]["time"], steps[-1]["time"]
+    mfus = [r["mfu"] for r in after if r.get("mfu") is not None]
+    phase_time: dict[str, float] = {}
+    phase_busy: dict[str, float] = {}
+    for r in after:
+        for name, busy in (r.get("gpuBusyPhases") or {}).items():
+            weight = (r.get("phaseSeconds") or {}).get(name, 1.0)
+            phase_time[name] = phase_time.get(name, 0.0) + weight
+            phase_busy[name] = phase_busy.get(name, 0.0) + busy * weight
+    return {
+        "case": case, "steps": len(steps), "gpus": gpus,
+        "busy": sampler.mean(first_end, last_end) if sampler else None,
+        "busyToExit": sampler.mean(first_end, exited) if sampler else None,
+        "runtimeBusy": _mean([r.get("gpuUtilization") for r in after]),
+        "busyPerPhase": {k: round(phase_busy[k] / phase_time[k], 4) for k in phase_time if phase_time[k] > 0},
+        "mfu": _mean(mfus),
+        "tokensPerSecond": round(tokens / seconds, 1) if seconds else None,
+        "tokensPerSecondPerGpu": round(tokens / (seconds * gpus), 1) if seconds else None,
+        "stepSeconds": round(seconds / len(after), 3) if after else None,
+        "checkpointStallSeconds": [r["stallSeconds"] for r in recs if r.get("event") == "checkpointSave"],
+        "checkpointWriteSeconds": [r.get("writeSeconds") for r in recs if r.get("event") == "checkpoint"],
+        "launchToFirstStepSeconds": round(first_end - launched, 2),
+        "startupSeconds": start.get("startupSeconds") or steps[0].get("startupSeconds"),
+        "setupSeconds": start.get("setupSeconds"),
+    }
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def table(results: list[dict]) -> str:
+    cols = ("case", "busy", "busyToExit", "mfu", "tokensPerSecondPerGpu", "stepSeconds", "launchToFirstStepSeconds")
+    lines = [" | ".join(cols)]
+    for r in results:
+        stalls = r.get("checkpointStallSeconds") or []
+        row = [str(r.get(c)) for c in cols]
+        lines.append(" | ".join(row) + f" | stalls {stalls} | phases {r.get('busyPerPhase')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="dpo,grpo,ppo")
+    ap.add_argument("--steps", default=None, help="steps for every case (N) or per case (dpo=60,grpo=40)")
+    ap.add_argument("--every", type=int, default=None, help="checkpoint every N steps (default 20; tiny 2)")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model and small batches (dry run)")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: run on CPU, no nvidia-smi")
+    ap.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0",
+                    help="the GPU nvidia-smi samples (the one the run uses)")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args(argv)
+    args.shape = "tiny" if args.tiny else "qwen1.5b"
+    args.every = args.every or (2 if args.tiny else 20)
+    args.steps_of = dict(TINY_STEPS if args.tiny else DEFAULT_STEPS)
+    if args.steps:
+        for part in args.steps.split(","):
+            name, _, n = part.rpartition("=")
+            for c in ([name] if name else list(args.steps_of)):
+                args.steps_of[c] = int(n)
+    use_smi = not args.cpu and shutil.which("nvidia-smi") is not None
+    results = []
+    for case in [c for c in args.cases.split(",") if c]:
+        t0 = time.time()
+        result = run_case(case, args, args.gpu if use_smi else None)
+        result["caseWallSeconds"] = round(time.time() - t0, 1)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    print(table(results), flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=1))
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

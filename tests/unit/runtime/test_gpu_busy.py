@@ -128,6 +128,11 @@ def test_gather_on_one_process_and_the_prometheus_series():
     assert job.ranks == [{"step": 0.5, "data_wait": None, "generate": 0.9, "score": None,
                           "forward_backward": None, "optimizer": None, "checkpoint": None}]
     assert job.step_min == 0.5 and job.phase_means() == {"generate": 0.9}
+    from rlkube.runtime.infra.gpu_busy import step_fields
+
+    window = BusyWindow(0.5, 1.0, 10, {"generate": 0.9}, {"generate": 0.61234})
+    assert step_fields(job, window) == {"gpuUtilization": 0.5, "gpuBusyPhases": {"generate": 0.9},
+                                        "phaseSeconds": {"generate": 0.6123}}
     registry = CollectorRegistry()
     gauges = BusyGauges(registry, {"actor": [0], "reference": [0]})
     gauges.set(job.ranks)

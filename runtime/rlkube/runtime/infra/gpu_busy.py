@@ -202,6 +202,16 @@ class JobBusy:
         return out
 
 
+def step_fields(job: JobBusy, window: BusyWindow) -> dict:
+    """What a step record shows of the window: `gpuUtilization` (the least busy rank's mean over
+    the step), `gpuBusyPhases` (each phase's mean over ranks) and this rank's `phaseSeconds`."""
+    return {
+        "gpuUtilization": job.step_min,
+        "gpuBusyPhases": job.phase_means(),
+        "phaseSeconds": {k: round(v, 4) for k, v in window.phase_seconds.items()},
+    }
+
+
 def gather_busy(ctx, window: BusyWindow) -> JobBusy:
     """Every rank's window means on every rank: one all-reduce of a (ranks x (1 + phases)) vector
     where each rank fills its own row (value + 1, so 0 stands for "no sample"). Collective."""

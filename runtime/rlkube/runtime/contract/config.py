@@ -189,18 +189,58 @@ def device_map(roles: RolesSpec) -> dict[str, list[int]]:
     return {name: ranks[name] for name in present}
 
 
+class DataFields(Spec):
+    """Which column of the data files holds each field rlkube reads; unset: the field's own name."""
+
+    prompt: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LEN, description="Prompt column.")
+    chosen: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LEN, description="Preferred response column (DPO)."
+    )
+    rejected: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LEN, description="Dispreferred response column (DPO)."
+    )
+    completion: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LEN, description="Completion column (unpaired data)."
+    )
+    label: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LEN,
+        description="Boolean column saying whether the completion is desirable (unpaired data).",
+    )
+    answer: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LEN,
+        description="Reference answer column for rule-based rewards (PPO, GRPO).",
+    )
+
+    def column(self, name: str) -> str:
+        """The column that holds field `name`."""
+        return getattr(self, name) or name
+
+
 class DataSpec(Spec):
     """Where training data comes from and how it is batched into tokens."""
 
     source: str = Field(
         max_length=MAX_PATH_LEN,
-        description="Path of a JSONL or Parquet file (or a directory of them). For format "
-        "'synthetic', a free label; the data is generated from `seed`.",
+        description="Path of a JSONL or Parquet file (or a directory of them), or of a directory "
+        "written by Hugging Face datasets' save_to_disk (format 'arrow'). For format 'synthetic', a "
+        "free label; the data is generated from `seed`.",
     )
-    format: Literal["jsonl", "parquet", "synthetic"] = Field(
+    format: Literal["jsonl", "parquet", "arrow", "synthetic"] = Field(
         default="jsonl",
-        description="File format. Preference data has fields prompt, chosen, rejected; prompt data "
-        "(PPO, GRPO) has prompt and optionally answer.",
+        description="File format. Preference data has fields prompt, chosen, rejected (strings, or "
+        "lists of {role, content} messages rendered with the tokenizer's chat template; without a "
+        "prompt, the messages chosen and rejected share make it); prompt data (PPO, GRPO) has prompt "
+        "and optionally answer.",
+    )
+    fields: DataFields = Field(
+        default_factory=lambda: DataFields(),
+        description="Column names in the files for the fields rlkube reads, when they differ from "
+        "the field names (for example {prompt: question, chosen: good, rejected: bad}).",
+    )
+    skip_invalid: bool = Field(
+        default=False,
+        description="Skip malformed records (missing field, wrong type, empty text, too long for "
+        "maxSeqLen), logging each and counting them, instead of failing on the first one.",
     )
     max_seq_len: int = Field(
         default=1024, ge=8, le=1_048_576, description="Longest sequence (prompt + response) in tokens; "

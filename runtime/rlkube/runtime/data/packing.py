@@ -19,7 +19,8 @@ the micro-batch with a 2-D padding mask; pad tokens are counted as compute but n
 Either way the batch says, for every token whose next token is a response token, where its
 hidden state sits (`target_index` into the flattened [rows * T] hidden states), which token it
 must predict, and which sequence it belongs to, so log-probs are computed for those positions
-only (see logprobs.py). Sequence 2k is pair k's chosen, 2k+1 its rejected.
+only (see logprobs.py); a conversation's response scores its assistant turns only (the data's
+response mask). Sequence 2k is pair k's chosen, 2k+1 its rejected.
 """
 
 from __future__ import annotations
@@ -76,13 +77,18 @@ class TokenBatch:
         )
 
 
-def sequences(data: PreferenceData, pair_ids: list[int], bos: int, eos: int) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length incl. bos) of every sequence, chosen then rejected per pair."""
+Sequence = tuple[list[int], int, list[int]]  # token ids, prompt length, response loss mask
+
+
+def sequences(data: PreferenceData, pair_ids: list[int], bos: int, eos: int) -> list[Sequence]:
+    """(token ids, prompt length incl. bos, mask of scored response tokens) of every sequence,
+    chosen then rejected per pair. Data rendered by a chat template carries its own specials."""
     out = []
     for i in pair_ids:
-        prompt = [bos, *data.prompts[i]]
-        out.append((prompt + data.chosen[i] + [eos], len(prompt)))
-        out.append((prompt + data.rejected[i] + [eos], len(prompt)))
+        prompt = [bos, *data.prompts[i]] if data.specials else list(data.prompts[i])
+        end = [eos] if data.specials else []
+        out.append((prompt + data.chosen[i] + end, len(prompt), data.response_mask(i, rejected=False)))
+        out.append((prompt + data.rejected[i] + end, len(prompt), data.response_mask(i, rejected=True)))
     return out
 
 
@@ -94,16 +100,17 @@ def block_causal_mask(seq_lens: list[int]) -> torch.Tensor:
     return (same & causal)[None, None]
 
 
-def _targets(starts: list[int], seqs: list[tuple[list[int], int]]):
+def _targets(starts: list[int], seqs: list[Sequence]):
     index, ids, seq_of = [], [], []
     counts = []
-    for s, (start, (tokens, prompt_len)) in enumerate(zip(starts, seqs, strict=True)):
-        # the hidden state at position t predicts token t + 1; response tokens are [prompt_len, len)
-        n = len(tokens) - prompt_len
-        index.extend(range(start + prompt_len - 1, start + len(tokens) - 1))
-        ids.extend(tokens[prompt_len:])
-        seq_of.extend([s] * n)
-        counts.append(n)
+    for s, (start, (tokens, prompt_len, mask)) in enumerate(zip(starts, seqs, strict=True)):
+        # the hidden state at position t predicts token t + 1; response tokens are [prompt_len, len),
+        # of which the mask keeps the scored ones (assistant turns of a conversation)
+        scored = [t for t, keep in zip(range(prompt_len, len(tokens)), mask, strict=True) if keep]
+        index.extend(start + t - 1 for t in scored)
+        ids.extend(tokens[t] for t in scored)
+        seq_of.extend([s] * len(scored))
+        counts.append(len(scored))
     return (
         torch.tensor(index, dtype=torch.long),
         torch.tensor(ids, dtype=torch.long),
@@ -130,7 +137,7 @@ def pack_pairs(
     far less attention than one row of the whole micro-batch.
     """
     seqs = sequences(data, pair_ids, bos, eos)
-    lens = [len(t) for t, _ in seqs]
+    lens = [len(t) for t, _, _ in seqs]
     rows: list[list[int]] = []  # sequence indices per row
     fill: list[int] = []
     if row_tokens is None:
@@ -190,9 +197,9 @@ def pad_pairs(
     are scored, and without it sdpa keeps its fast causal (flash) kernel instead of a masked one.
     """
     seqs = sequences(data, pair_ids, bos, eos)
-    lens = [len(t) for t, _ in seqs]
+    lens = [len(t) for t, _, _ in seqs]
     width = max(lens)
-    rows = [t + [pad] * (width - len(t)) for t, _ in seqs]
+    rows = [t + [pad] * (width - len(t)) for t, _, _ in seqs]
     mask = [[1] * n + [0] * (width - n) for n in lens]
     index, ids, seq_of, counts = _targets([r * width for r in range(len(seqs))], seqs)
     return TokenBatch(

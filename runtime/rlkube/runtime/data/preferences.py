@@ -1,49 +1,83 @@
 """Preference data (prompt, chosen, rejected), tokenised once and cached.
 
-A `PreferenceData` holds, for every pair, three token-id lists. The sequences the models see
-are `[bos] + prompt + response + [eos]`; the log-probability of a response counts the response
-tokens and the eos. Samples longer than maxSeqLen are cut from the left of the prompt (the end
-of the prompt matters most to the response); a response that alone does not fit is cut from its
-right, keeping one prompt token.
+A `PreferenceData` holds, for every pair, three token-id lists. Standard (string) records become
+`[bos] + prompt + response + [eos]`; the log-probability of a response counts the response
+tokens and the eos. Such samples longer than maxSeqLen are cut from the left of the prompt (the
+end of the prompt matters most to the response); a response that alone does not fit is cut from
+its right, keeping one prompt token. Conversational records are rendered by chat.py, score the
+assistant turns only, and are never cut: one that does not fit is malformed (records.py says
+what happens to those).
 
-Files are JSONL (one object a line) or Parquet with string columns prompt, chosen, rejected; a
-directory means all *.jsonl / *.parquet files in it, sorted by name. Tokenised data is cached
-under `<outputDir>/cache/` keyed by the files' names, sizes and mtimes, the tokenizer and
-maxSeqLen, so a restarted pod does not tokenise again.
+Files are JSONL, Parquet or a save_to_disk directory (sources.py); a directory of JSONL or
+Parquet means all its *.jsonl / *.parquet files, sorted by name. Tokenised data is cached under
+`<outputDir>/cache/` keyed by the files' names, sizes and mtimes, the tokenizer, maxSeqLen and
+the field mapping, so a restarted pod does not tokenise again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from rlkube.runtime.contract.config import DataSpec
+from rlkube.runtime.data.chat import render_chat
+from rlkube.runtime.data.records import (
+    InvalidRecord,
+    InvalidRecords,
+    PreferenceRecord,
+    each_valid,
+    parse_preference,
+)
+from rlkube.runtime.data.sources import RawRecord, data_files, read_records
 from rlkube.runtime.data.synthetic import synthetic_pairs
 from rlkube.runtime.data.tokenizer import Tokenizer
+from rlkube.runtime.infra.log import log
+
+__all__ = ["PreferenceData", "data_files", "fit_to_length", "load_preference_data", "tokenise_pairs"]
 
 SPECIALS = 2  # bos + eos
+_CACHE_VERSION = 2  # bump when what is cached changes shape
 
 
 @dataclass
 class PreferenceData:
-    """Tokenised preference pairs: prompt, chosen and rejected ids per pair (no specials)."""
+    """Tokenised preference pairs: prompt, chosen and rejected ids per pair.
+
+    With `specials` (standard data, and conversations in the byte tokenizer's plain chat format)
+    a sequence is `[bos] + prompt + response + [eos]`; without (a chat template that writes its
+    own special tokens) it is `prompt + response` as rendered. A response mask, when present,
+    says which response tokens are scored (the assistant's); without one all of them are.
+    """
 
     prompts: list[list[int]]
     chosen: list[list[int]]
     rejected: list[list[int]]
+    chosen_mask: list[list[int]] | None = None
+    rejected_mask: list[list[int]] | None = None
+    specials: bool = True
+    skipped: int = 0  # malformed records left out (data.skipInvalid), for the trainer to report
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def seq_lengths(self, i: int) -> tuple[int, int]:
         """Full lengths of the chosen and rejected sequences of pair i (specials included)."""
-        p = len(self.prompts[i]) + SPECIALS
+        p = len(self.prompts[i]) + (SPECIALS if self.specials else 0)
         return p + len(self.chosen[i]), p + len(self.rejected[i])
+
+    def response_mask(self, i: int, rejected: bool) -> list[int]:
+        """1 per scored response token of pair i (the eos, when wrapped, is always scored)."""
+        masks = self.rejected_mask if rejected else self.chosen_mask
+        response = self.rejected[i] if rejected else self.chosen[i]
+        mask = list(masks[i]) if masks is not None else [1] * len(response)
+        return mask + [1] if self.specials else mask
 
     def pair_tokens(self) -> list[int]:
         """Tokens each pair costs when packed (chosen + rejected sequence)."""
@@ -82,55 +116,64 @@ def tokenise_pairs(rows: list[tuple[str, str, str]], tokenizer: Tokenizer, max_s
     return PreferenceData(prompts, chosen, rejected)
 
 
-def data_files(source: str, fmt: str) -> list[Path]:
-    path = Path(source)
-    suffix = ".jsonl" if fmt == "jsonl" else ".parquet"
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix == suffix)
-        if not files:
-            raise ValueError(f"data.source: directory {source!r} holds no *{suffix} files")
-        return files
-    if not path.exists():
-        raise ValueError(f"data.source: {source!r} does not exist")
-    return [path]
+def _tokenise_chat(rec: PreferenceRecord, tokenizer: Tokenizer, max_seq_len: int, specials: int):
+    chosen = render_chat(tokenizer, rec.prompt, rec.chosen)  # type: ignore[arg-type]
+    rejected = render_chat(tokenizer, rec.prompt, rec.rejected)  # type: ignore[arg-type]
+    for name, r in (("chosen", chosen), ("rejected", rejected)):
+        n = len(r.prompt) + len(r.completion) + specials
+        if n > max_seq_len:
+            raise InvalidRecord(
+                rec.where,
+                f"is {n} tokens with its prompt, longer than data.maxSeqLen={max_seq_len} "
+                "(conversations are not truncated: a cut assistant turn would lose its end of turn)",
+                name,
+            )
+    if chosen.prompt != rejected.prompt:
+        raise InvalidRecord(rec.where, "renders differently before chosen and rejected", "prompt")
+    return chosen, rejected
 
 
-def _text(obj: dict, key: str, where: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"data.source: {where}: field {key!r} must be a string, got {type(value).__name__}")
-    return value
+def tokenise_records(
+    raws: Iterable[RawRecord], spec: DataSpec, tokenizer: Tokenizer, invalid: InvalidRecords
+) -> PreferenceData:
+    """Parse, check and tokenise preference records; malformed ones go to `invalid`."""
+    shape: dict = {}
+
+    def build(raw: RawRecord):
+        rec = parse_preference(raw, spec.fields, shape)
+        if rec.conversational:
+            specials = 0 if tokenizer.chat_renders_specials else SPECIALS
+            return rec, _tokenise_chat(rec, tokenizer, spec.max_seq_len, specials)
+        return rec, None
+
+    built = list(each_valid(raws, invalid, build))
+    invalid.finish("preference pairs")
+    if not shape.get("conversational"):
+        data = tokenise_pairs([(r.prompt, r.chosen, r.rejected) for r, _ in built], tokenizer, spec.max_seq_len)
+        data.skipped = invalid.skipped
+        return data
+    pairs = [chat for _, chat in built]
+    return PreferenceData(
+        prompts=[c.prompt for c, _ in pairs],
+        chosen=[c.completion for c, _ in pairs],
+        rejected=[r.completion for _, r in pairs],
+        chosen_mask=[c.mask for c, _ in pairs],
+        rejected_mask=[r.mask for _, r in pairs],
+        specials=not tokenizer.chat_renders_specials,
+        skipped=invalid.skipped,
+    )
 
 
-def read_rows(files: list[Path], fmt: str) -> list[tuple[str, str, str]]:
-    rows: list[tuple[str, str, str]] = []
-    for file in files:
-        if fmt == "jsonl":
-            with file.open(encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"data.source: {file}:{n}: not JSON ({e.msg})") from None
-                    where = f"{file}:{n}"
-                    rows.append((_text(obj, "prompt", where), _text(obj, "chosen", where), _text(obj, "rejected", where)))
-        else:
-            import pyarrow.parquet as pq
+def read_preferences(spec: DataSpec, tokenizer: Tokenizer) -> PreferenceData:
+    """The preference records of spec's files, tokenised (no cache)."""
+    columns = [spec.fields.column("chosen"), spec.fields.column("rejected")]
+    raws = read_records(data_files(spec.source, spec.format), spec.format, columns, [spec.fields.column("prompt")])
+    return tokenise_records(raws, spec, tokenizer, InvalidRecords(spec.skip_invalid))
 
-            table = pq.read_table(file, columns=["prompt", "chosen", "rejected"]).to_pydict()
-            for n, (p, c, r) in enumerate(zip(table["prompt"], table["chosen"], table["rejected"], strict=True)):
-                where = f"{file} row {n}"
-                rows.append((_text({"v": p}, "v", where), _text({"v": c}, "v", where), _text({"v": r}, "v", where)))
-    if not rows:
-        raise ValueError("data.source: no preference pairs found")
-    return rows
-
-
-def _cache_key(spec: DataSpec, tokenizer_name: str, files: list[Path]) -> str:
+def _cache_key(spec: DataSpec, tokenizer_name: str, fingerprint: str, files: list[Path]) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([tokenizer_name, spec.max_seq_len, spec.format]).encode())
+    read = spec.model_dump(include={"format", "max_seq_len", "fields", "skip_invalid"}, mode="json")
+    h.update(json.dumps([_CACHE_VERSION, tokenizer_name, fingerprint, read], sort_keys=True).encode())
     for f in files:
         st = f.stat()
         h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
@@ -145,16 +188,19 @@ def load_preference_data(
         pairs = synthetic_pairs(spec.num_samples, spec.max_seq_len, spec.length_mix, spec.seed)
         return tokenise_pairs([(p.prompt, p.chosen, p.rejected) for p in pairs], tokenizer, spec.max_seq_len)
     files = data_files(spec.source, spec.format)
-    cache = None
+    cache: Path | None = None
     if output_dir:
-        cache = Path(output_dir) / "cache" / f"preference-{_cache_key(spec, tokenizer_name, files)}.pt"
+        key = _cache_key(spec, tokenizer_name, tokenizer.fingerprint, files)
+        cache = Path(output_dir) / "cache" / f"preference-{key}.pt"
         if cache.exists():
-            blob = torch.load(cache, weights_only=True)
-            return PreferenceData(blob["prompts"], blob["chosen"], blob["rejected"])
-    data = tokenise_pairs(read_rows(files, spec.format), tokenizer, spec.max_seq_len)
+            data = PreferenceData(**torch.load(cache, weights_only=True))
+            if data.skipped:
+                log.warning("data: %d invalid record(s) were skipped when %s was built", data.skipped, cache)
+            return data
+    data = read_preferences(spec, tokenizer)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"prompts": data.prompts, "chosen": data.chosen, "rejected": data.rejected}, tmp)
+        torch.save(dataclasses.asdict(data), tmp)
         os.replace(tmp, cache)  # several ranks may race here; the last complete write wins
     return data

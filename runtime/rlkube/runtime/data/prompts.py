@@ -1,23 +1,27 @@
 """Prompt data for PPO and GRPO: prompt texts (files or synthetic), tokenised once, and the
 left-padded prompt batches that generation takes.
 
-Files are JSONL or Parquet with a string field `prompt` (an `answer` field, if present, is
-kept for reward functions that want it). Synthetic prompts (format 'synthetic') are seeded
-random strings of capital letters and digits of mixed lengths: they carry no hint of the toy
-task's target (lowercase letters, see rewards.target_pattern), so a rising reward is learned,
-not copied.
+Records have a `prompt` (a string, or {role, content} messages rendered with the chat template
+and its generation prompt) and optionally an `answer` kept for reward functions that want it;
+data.fields maps them to other columns. A string prompt is `[bos] + prompt` cut from the left to
+fit; a conversation is taken as its template renders it and is malformed when too long (see
+records.py for what happens to malformed records). Synthetic prompts (format 'synthetic') are
+seeded random strings of capital letters and digits of mixed lengths: they carry no hint of the
+toy task's target (lowercase letters, see rewards.target_pattern), so a rising reward is
+learned, not copied.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 
 import torch
 
 from rlkube.runtime.contract.config import DataSpec
-from rlkube.runtime.data.preferences import data_files
+from rlkube.runtime.data.chat import render_prompt
+from rlkube.runtime.data.records import InvalidRecord, InvalidRecords, PromptRecord, each_valid, parse_prompt
+from rlkube.runtime.data.sources import data_files, read_records
 from rlkube.runtime.data.tokenizer import Tokenizer
 
 _SYNTHETIC_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
@@ -25,9 +29,10 @@ _SYNTHETIC_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
 
 @dataclass
 class PromptData:
-    texts: list[str]
-    ids: list[list[int]]  # bos + prompt tokens, cut from the left to fit
+    texts: list[str]  # what reward functions see as the prompt (a conversation: its rendered text)
+    ids: list[list[int]]  # bos + prompt tokens, cut from the left to fit; or the rendered conversation
     answers: list[str | None]
+    skipped: int = 0  # malformed records left out (data.skipInvalid), for the trainer to report
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -41,50 +46,53 @@ def synthetic_prompts(num: int, seed: int, min_len: int = 4, max_len: int = 16) 
     ]
 
 
-def _read(spec: DataSpec) -> tuple[list[str], list[str | None]]:
-    texts: list[str] = []
-    answers: list[str | None] = []
-    for file in data_files(spec.source, spec.format):
-        if spec.format == "jsonl":
-            with file.open(encoding="utf-8") as f:
-                rows = []
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        try:
-                            rows.append((f"{file}:{n}", json.loads(line)))
-                        except json.JSONDecodeError as e:
-                            raise ValueError(f"data.source: {file}:{n}: not JSON ({e.msg})") from None
-        else:
-            import pyarrow.parquet as pq
+def _tokenise(rec: PromptRecord, tokenizer: Tokenizer, room: int, max_seq_len: int) -> tuple[str, list[int]]:
+    if isinstance(rec.prompt, str):
+        return rec.prompt, [tokenizer.bos_id] + tokenizer.encode(rec.prompt)[-room:]
+    text, ids = render_prompt(tokenizer, rec.prompt)
+    if not tokenizer.chat_renders_specials:
+        ids = [tokenizer.bos_id, *ids]
+    if len(ids) > room + 1:
+        raise InvalidRecord(
+            rec.where,
+            f"is {len(ids)} tokens, more than data.maxSeqLen={max_seq_len} leaves next to "
+            "rollout.maxNewTokens (conversations are not truncated)",
+            "prompt",
+        )
+    return text, ids
 
-            table = pq.read_table(file).to_pylist()
-            rows = [(f"{file} row {n}", obj) for n, obj in enumerate(table)]
-        for where, obj in rows:
-            if not isinstance(obj.get("prompt"), str):
-                raise ValueError(f"data.source: {where}: field 'prompt' must be a string")
-            texts.append(obj["prompt"])
-            answer = obj.get("answer")
-            answers.append(answer if isinstance(answer, str) else None)
-    if not texts:
-        raise ValueError("data.source: no prompts found")
-    return texts, answers
+
+def read_prompts(spec: DataSpec, tokenizer: Tokenizer, room: int) -> PromptData:
+    """Prompt records of spec's files, checked and tokenised; malformed ones raise or are skipped."""
+    fields = spec.fields
+    raws = read_records(data_files(spec.source, spec.format), spec.format, [fields.column("prompt")],
+                        [fields.column("answer")])
+    invalid = InvalidRecords(spec.skip_invalid)
+    shape: dict = {}
+
+    def build(raw):
+        rec = parse_prompt(raw, fields, shape)
+        return (*_tokenise(rec, tokenizer, room, spec.max_seq_len), rec.answer)
+
+    rows = list(each_valid(raws, invalid, build))
+    invalid.finish("prompts")
+    return PromptData(texts=[t for t, _, _ in rows], ids=[i for _, i, _ in rows],
+                      answers=[a for _, _, a in rows], skipped=invalid.skipped)
 
 
 def load_prompt_data(spec: DataSpec, tokenizer: Tokenizer, max_new_tokens: int) -> PromptData:
-    """Prompts of `spec`, each cut from the left so prompt + completion fit in maxSeqLen."""
+    """Prompts of `spec`, each fitted so prompt + completion fit in maxSeqLen."""
     room = spec.max_seq_len - max_new_tokens - 1  # - bos
     if room < 1:
         raise ValueError(
             f"data.maxSeqLen: {spec.max_seq_len} leaves no room for a prompt next to "
             f"rollout.maxNewTokens={max_new_tokens}"
         )
-    if spec.format == "synthetic":
-        texts = synthetic_prompts(spec.num_samples, spec.seed, max_len=max(4, min(16, room - 1)))
-        answers: list[str | None] = [None] * len(texts)
-    else:
-        texts, answers = _read(spec)
+    if spec.format != "synthetic":
+        return read_prompts(spec, tokenizer, room)
+    texts = synthetic_prompts(spec.num_samples, spec.seed, max_len=max(4, min(16, room - 1)))
     ids = [[tokenizer.bos_id] + tokenizer.encode(t)[-room:] for t in texts]
-    return PromptData(texts=texts, ids=ids, answers=answers)
+    return PromptData(texts=texts, ids=ids, answers=[None] * len(texts))
 
 
 def left_padded(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,11 +4,21 @@ The byte tokenizer exists because no model hub is reachable from the test machin
 every UTF-8 byte is one token (ids 0..255), followed by three specials (pad 256, bos 257,
 eos 258), so its vocabulary has 259 entries and any model with a vocabulary at least that large
 can consume its ids. It is exact and reversible, and one character of ASCII text is one token,
-which makes token counts in tests and benchmarks predictable.
+which makes token counts in tests and benchmarks predictable. Its chat format is plain text
+(`role: content` a line, the generation prompt `assistant: `) wrapped in bos ... eos like any
+other sequence, since bytes cannot spell its special tokens.
+
+A Hugging Face tokenizer renders conversations with its own chat template, which writes the
+special tokens itself (bos, turn markers, end of turn): such sequences are not wrapped again.
+rlkube builds its padded tensors itself (prompts left-padded for generation, training rows
+right-padded), so the tokenizer's padding side never decides anything; it is set to left so a
+caller that pads with the tokenizer gets what generation needs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,10 +30,16 @@ class Tokenizer(Protocol):
     pad_id: int
     bos_id: int
     eos_id: int
+    # True when chat_text writes the special tokens itself (sequences are not wrapped in bos/eos)
+    chat_renders_specials: bool
+    # what identifies the tokenizer's behaviour, for cache keys
+    fingerprint: str
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -34,12 +50,18 @@ class ByteTokenizer:
     pad_id: int = 256
     bos_id: int = 257
     eos_id: int = 258
+    chat_renders_specials: bool = False
+    fingerprint: str = "byte"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return text + ("assistant: " if add_generation_prompt else "")
 
 
 class PretrainedTokenizer:
@@ -48,7 +70,10 @@ class PretrainedTokenizer:
     def __init__(self, path: str) -> None:
         from transformers import AutoTokenizer
 
+        self.path = path
         self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self._tok.padding_side = "left"
+        self.chat_renders_specials = True
         self.vocab_size = len(self._tok)
         eos = self._tok.eos_token_id
         if eos is None:
@@ -58,12 +83,23 @@ class PretrainedTokenizer:
         # so reusing eos there is safe.
         self.pad_id = int(self._tok.pad_token_id if self._tok.pad_token_id is not None else eos)
         self.bos_id = int(self._tok.bos_token_id if self._tok.bos_token_id is not None else eos)
+        ident = [path, self.vocab_size, self.pad_id, self.bos_id, self.eos_id, self._tok.chat_template]
+        self.fingerprint = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
+
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        if not self._tok.chat_template:
+            raise ValueError(
+                f"model.tokenizer: the tokenizer at {self.path!r} has no chat template, which "
+                "conversational data needs (set chat_template in its tokenizer_config.json, or give "
+                "prompt/chosen/rejected as plain strings)"
+            )
+        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
 def load_tokenizer(name: str) -> Tokenizer:

@@ -1,6 +1,6 @@
 """Where the harness's binaries are, and building them when they are missing.
 
-Kubernetes, etcd, helm and kwok are built from wrapper Go modules under `tests/cluster/go/`
+Kubernetes, etcd, helm, kwok and Kueue are built from wrapper Go modules under `tests/cluster/go/`
 by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
 RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
 bumping a pin in a go.mod is the whole upgrade. etcd is v3.6 built from
@@ -30,6 +30,7 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "etcd": ("go.etcd.io/etcd/server/v3", ("etcd",)),
     "helm": ("helm.sh/helm/v3", ("helm",)),
     "kwok": ("sigs.k8s.io/kwok", ("kwok",)),
+    "kueue": ("sigs.k8s.io/kueue", ("kueue",)),
 }
 _BINARY_COMPONENT = {b: c for c, (_, bs) in COMPONENTS.items() for b in bs}
 
@@ -105,3 +106,8 @@ def helm() -> Path:
 
 def kwok() -> Path:
     return path("kwok")
+
+
+def kueue() -> Path:
+    """Kueue's manager (sigs.k8s.io/kueue/cmd/kueue); tests/cluster/kueue.py runs it."""
+    return path("kueue")

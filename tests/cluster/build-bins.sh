@@ -2,7 +2,7 @@
 # Builds the pinned cluster binaries from their Go modules into a per-version cache:
 #   $RLKUBE_BIN_CACHE/<component>-<version>/<binary>   (default ~/.cache/rlkube/bin)
 # A component whose cache folder is complete is skipped, so a rerun builds nothing.
-# Usage: build-bins.sh [kubernetes|etcd|helm|kwok ...]   (default: all)
+# Usage: build-bins.sh [kubernetes|etcd|helm|kwok|kueue ...]   (default: all)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${RLKUBE_BIN_CACHE:-$HOME/.cache/rlkube/bin}"
@@ -50,7 +50,7 @@ build() {  # build <component> <module> <binaries...>  (binary = name=package)
   flock -u "$lock"
 }
 
-want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kubernetes etcd helm kwok)
+want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kubernetes etcd helm kwok kueue)
 for c in "${want[@]}"; do
   case "$c" in
     kubernetes) build kubernetes k8s.io/kubernetes \
@@ -62,6 +62,7 @@ for c in "${want[@]}"; do
     etcd) build etcd go.etcd.io/etcd/server/v3 etcd=go.etcd.io/etcd/server/v3 ;;
     helm) build helm helm.sh/helm/v3 helm=helm.sh/helm/v3/cmd/helm ;;
     kwok) build kwok sigs.k8s.io/kwok kwok=sigs.k8s.io/kwok/cmd/kwok ;;
+    kueue) build kueue sigs.k8s.io/kueue kueue=sigs.k8s.io/kueue/cmd/kueue ;;
     *) echo "unknown component $c" >&2; exit 2 ;;
   esac
 done

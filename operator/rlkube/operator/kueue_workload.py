@@ -150,7 +150,7 @@ class WorkloadState:
     admitted: bool             # Admitted True: the gang may start
     quota_reserved: bool       # QuotaReserved True (admission checks may still be pending)
     finished: bool             # Finished True: the owner released the quota for good
-    evicted: bool              # Evicted True: the gang must stop and the quota be released
+    evicted: bool              # Evicted True while quota is held: stop the gang, then release it
     reason: str                # of the condition that explains the state (Evicted, QuotaReserved...)
     message: str
     cluster_queue: str | None  # status.admission.clusterQueue, once quota is reserved
@@ -181,17 +181,22 @@ def observe_workload(workload: Mapping[str, Any]) -> WorkloadState:
         # Kueue leaves count out when the whole pod set was admitted.
         pod_sets = (workload.get("spec") or {}).get("podSets") or []
         admitted_pods = next((p.get("count") for p in pod_sets if p.get("name") == POD_SET), None)
+    quota_reserved = _true(conditions, QUOTA_RESERVED)
+    # Kueue leaves Evicted True after the owner released the quota, until it reserves quota
+    # again: only an eviction that still holds quota asks the owner to act.
+    evicted = _true(conditions, EVICTED) and quota_reserved
     explaining = next(
-        (conditions[k] for k in (FINISHED, EVICTED, ADMITTED, QUOTA_RESERVED) if _true(conditions, k)),
+        (conditions[k] for k, holds in ((FINISHED, _true(conditions, FINISHED)), (EVICTED, evicted),
+                                        (ADMITTED, _true(conditions, ADMITTED))) if holds),
         conditions.get(QUOTA_RESERVED, {}),
     )
     return WorkloadState(
         name=(workload.get("metadata") or {}).get("name", ""),
         queue=(workload.get("spec") or {}).get("queueName", ""),
         admitted=_true(conditions, ADMITTED),
-        quota_reserved=_true(conditions, QUOTA_RESERVED),
+        quota_reserved=quota_reserved,
         finished=_true(conditions, FINISHED),
-        evicted=_true(conditions, EVICTED),
+        evicted=evicted,
         reason=explaining.get("reason", ""),
         message=explaining.get("message", ""),
         cluster_queue=admission.get("clusterQueue"),

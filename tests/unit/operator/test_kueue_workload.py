@@ -134,7 +134,9 @@ def test_release_after_eviction_clears_admission_and_requeues_like_kueues_integr
     assert by_type["Evicted"] == cond("Evicted", True, reason, "evicted")   # Kueue's own, untouched
     assert by_type["QuotaReserved"]["lastTransitionTime"] == "2026-12-03T12:00:00Z"
     state = kw.observe_workload({**wl, "status": {k: v for k, v in patch["status"].items() if v is not None}})
-    assert not state.admitted and not state.quota_reserved
+    # Evicted stays True until Kueue reserves quota again; released, the job just waits.
+    assert not state.admitted and not state.quota_reserved and not state.evicted
+    assert (state.reason, state.message) == ("Pending", "evicted")
 
 
 def test_finish_sets_finished_and_keeps_the_rest():

@@ -7,10 +7,9 @@ from the observed pods: conditions in the built-in controllers' shape (lastTrans
 while a condition's status does not change), observedGeneration, per-role readiness, the
 placement as status, progress, restarts.
 
-Besides the API's fields the status carries three of the operator's own, kept by the CRD's
-preserve-unknown-fields at the status root, so a restarted operator continues where the last
-one stopped: `attempt` (gang generation: label rlkube.io/attempt, RLKUBE_ATTEMPT),
-`nextAttemptTime` (restart backoff) and `admissionTime` (when the gang was ungated; the gang
+Three fields exist so that a restarted operator continues where the last one stopped, declared
+in the API like the others: `attempt` (gang generation: label rlkube.io/attempt, RLKUBE_ATTEMPT),
+`nextAttemptTime` (restart backoff) and `admissionTime` (when the gang was admitted; the gang
 timeout counts from it).
 """
 

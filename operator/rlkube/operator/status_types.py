@@ -144,5 +144,18 @@ class RLTrainingJobStatus(Status):
         default=0, ge=0, description="Gang restarts so far after retriable failures (counted against "
         "runPolicy.backoffLimit)."
     )
+    # The next three let a restarted operator continue where the last one stopped.
+    attempt: int = Field(
+        default=0, ge=0, description="Gang generation: 0 for the first gang, one more at every teardown "
+        "(restart, re-plan, suspend). Pods carry it as the label rlkube.io/attempt and in RLKUBE_ATTEMPT; "
+        "a pod of an earlier attempt is deleted before the next gang starts."
+    )
+    next_attempt_time: datetime | None = Field(
+        default=None, description="While a restart backs off: when the next attempt may start."
+    )
+    admission_time: datetime | None = Field(
+        default=None, description="When the current gang was admitted (scheduling gates removed, or handed "
+        "to Volcano or Kueue); gangTimeoutSeconds counts from it."
+    )
     start_time: datetime | None = Field(default=None, description="When the gang's pods were first created.")
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")

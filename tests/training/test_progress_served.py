@@ -1,4 +1,5 @@
-"""During a CLI run, rank 0 serves /progress and /metrics as contracts.md says."""
+"""During a CLI run, rank 0 serves /progress and /metrics as the contract says
+(rlkube.runtime.contract; docs/architecture.md, "The contract")."""
 
 import json
 import socket
@@ -18,7 +19,7 @@ def free_port():
 def test_progress_and_metrics_while_training(tmp_path):
     port = free_port()
     cfg = tiny_config(tmp_path, progressPort=port, training={"steps": 40})
-    proc = start_cli(write_config(tmp_path, cfg))
+    proc = start_cli(write_config(tmp_path, cfg), RLKUBE_ATTEMPT="2")  # as the operator sets it
     seen = None
     try:
         deadline = time.monotonic() + 180
@@ -34,7 +35,8 @@ def test_progress_and_metrics_while_training(tmp_path):
             time.sleep(0.5)
         assert seen is not None, "no /progress with step >= 2 while training"
         assert set(seen) == {"phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization",
-                             "loss", "rewardMean"}
+                             "loss", "rewardMean", "attempt"}
+        assert seen["attempt"] == 2  # the restart attempt the pod runs as, from its env
         assert seen["totalSteps"] == 40 and seen["tokensPerSecond"] > 0 and 0 < seen["loss"] < 1
         assert seen["mfu"] is None  # no peak on a CPU: null, not a made-up number
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:

@@ -26,11 +26,9 @@ alone: the process exits as a crash, the pod restarts, and resumes from the last
 from __future__ import annotations
 
 import gc
-import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -43,34 +41,12 @@ from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.models import build_causal_lm, frozen_copy, shard
-from rlkube.runtime.infra.checkpoint import Checkpointer
-from rlkube.runtime.infra.distributed import (
-    DistContext,
-    all_reduce_max,
-    all_reduce_sum,
-)
-from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss
+from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
+from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.log import log, warn_once
-from rlkube.runtime.infra.metrics import FlopModel, GpuMonitor, peak_flops
+from rlkube.runtime.infra.metrics import FlopModel
+from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, apply_update, run_trainer
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
-from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
-
-
-@dataclass
-class TrainerHooks:
-    """Test seams: called at fixed points of the loop (production runs leave them unset)."""
-
-    before_micro_batch: Callable[[list[SampleCost]], None] | None = None  # may raise OutOfMemoryError
-    before_checkpoint_commit: Callable[[int], None] | None = None  # may kill the process
-
-
-@dataclass
-class TrainResult:
-    steps_run: int
-    first_step: int  # 1-based number of the first step this run computed
-    losses: list[float] = field(default_factory=list)
-    accuracies: list[float] = field(default_factory=list)
-    batcher_decisions: list[str] = field(default_factory=list)
 
 
 def sample_costs(data: PreferenceData) -> list[SampleCost]:
@@ -79,14 +55,6 @@ def sample_costs(data: PreferenceData) -> list[SampleCost]:
         c, r = data.seq_lengths(i)
         out.append(SampleCost(index=i, tokens=c + r, rows=2, longest=max(c, r)))
     return out
-
-
-def learning_rate(config: RuntimeConfig, step: int) -> float:
-    """Linear warm-up to the peak over warmupSteps, then constant (step is 0-based)."""
-    t = config.training
-    if t.warmup_steps and step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    return t.lr
 
 
 def _progress_bar(step: int, total: int, rec: dict) -> None:
@@ -102,15 +70,11 @@ def _progress_bar(step: int, total: int, rec: dict) -> None:
     sys.stderr.flush()
 
 
-class DPOTrainer:
+class DPOTrainer(Trainer):
     """State of one DPO run in one process (one rank)."""
 
-    def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
-        self.config = config
-        self.ctx = ctx
-        self.hooks = hooks or TrainerHooks()
-        t0 = time.perf_counter()
-        torch.manual_seed(config.training.seed)
+    def build(self) -> None:
+        config, ctx = self.config, self.ctx
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.data = load_preference_data(config.data, self.tokenizer, config.model.tokenizer, config.output_dir)
         self.costs = sample_costs(self.data)
@@ -148,32 +112,19 @@ class DPOTrainer:
             ref_lm = frozen_copy(lm)
         self.policy = shard(SequenceLogprobs(lm), ctx, "actor")
         self.reference = shard(SequenceLogprobs(ref_lm), ctx, "reference")
-        self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
-            lr=config.training.lr,
-            weight_decay=config.training.weight_decay,
-            betas=(0.9, 0.95),
-            fused=ctx.device.type == "cuda",  # one kernel for all parameters instead of a loop
-        )
-        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx)
-        self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
-        self.monitor = GpuMonitor(ctx.device)
-        self.peak, self.peak_source = peak_flops(ctx.device)
-        self.start_step = 0
-        meta = self.checkpointer.restore(self.policy, self.optimizer)
-        if meta is not None:
-            self.start_step = int(meta["step"])
-            self.batcher.load_state_dict(meta["trainer"]["batcher"])
-            log.info(
-                "resumed from %s at step %d (written by %d ranks, now %d)",
-                config.checkpoint.dir, self.start_step, meta["worldSize"], ctx.world_size,
-            )
-        self.setup_seconds = time.perf_counter() - t0
+        self.optimizer = self.adamw(self.policy)
+        self.trainable = self.policy
         # the explicit block mask is for sdpa; eager/flex/flash read packed position ids
         self.explicit_mask = self.attention == "sdpa"
         # sdpa's masked kernel computes whole rows: keep packed rows at maxSeqLen. flash-attn's
         # varlen path wants one row (it reads sequence boundaries from the position ids).
         self.row_tokens = config.data.max_seq_len if self.attention in ("sdpa", "eager") else None
+
+    def trainer_state(self) -> dict:
+        return {"batcher": self.batcher.state_dict(), "seed": self.config.training.seed}
+
+    def load_trainer_state(self, state: dict) -> None:
+        self.batcher.load_state_dict(state["batcher"])
 
     # -- one micro-batch -----------------------------------------------------------------
     def collate(self, ids: list[int]) -> TokenBatch:
@@ -242,59 +193,37 @@ class DPOTrainer:
                 if self.ctx.device.type == "cuda":
                     torch.cuda.empty_cache()
 
-    # -- the loop (loop.py: endpoint, SIGTERM, checkpoint cadence, phases) ----------------
-    def train(self) -> TrainResult:
-        ctx = self.ctx
-        result = TrainResult(steps_run=0, first_step=self.start_step + 1)
+    # -- what the step loop shows and returns (base.Trainer.train runs it) ---------------
+    def start_event(self) -> dict:
+        return {"event": "start", "attention": self.attention, "worldSize": self.ctx.world_size,
+                "startStep": self.start_step, "totalSteps": self.config.training.steps, "pairs": len(self.data),
+                "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
+                "peakSource": self.peak_source}
 
-        def one_step(i: int) -> dict:
-            rec = self.step(i)
-            result.steps_run += 1
-            result.losses.append(rec["loss"])
-            result.accuracies.append(rec["accuracy"])
-            return rec
+    def progress_fields(self, rec: dict) -> dict:
+        return {"rewardMean": rec["rewardChosen"],
+                "extra": {"accuracy": rec["accuracy"], "reward_margin": rec["margin"],
+                          "token_budget": rec["tokenBudget"]}}
 
-        def shown(rec: dict) -> dict:
-            return {"rewardMean": rec["rewardChosen"],
-                    "extra": {"accuracy": rec["accuracy"], "reward_margin": rec["margin"],
-                              "token_budget": rec["tokenBudget"]}}
-
+    def report(self) -> Callable[[int, dict], None] | None:
         total = self.config.training.steps
-        tty = ctx.is_main and sys.stderr.isatty()
-        start = {"event": "start", "attention": self.attention, "worldSize": ctx.world_size,
-                 "startStep": self.start_step, "totalSteps": total, "pairs": len(self.data),
-                 "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
-                 "peakSource": self.peak_source}
-        run_steps(self.config, ctx, self.start_step, start, one_step, self.save, shown,
-                  report=(lambda done, rec: _progress_bar(done, total, rec)) if tty else None)
-        result.batcher_decisions = list(self.batcher.decisions)
-        return result
+        tty = self.ctx.is_main and sys.stderr.isatty()
+        return (lambda done, rec: _progress_bar(done, total, rec)) if tty else None
 
-    def step(self, step: int) -> dict:
-        cfg, ctx = self.config, self.ctx
-        torch.manual_seed((cfg.training.seed * 1_000_003 + step) * 4099 + ctx.rank)
-        lr = learning_rate(cfg, step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.monitor.reset_peak()
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
+    def finish(self, result: TrainResult) -> None:
+        result.batcher_decisions = list(self.batcher.decisions)
+
+    def train_step(self, step: int, lr: float) -> dict:
+        ctx = self.ctx
+        self.sync()
         t0 = time.perf_counter()
         totals, plan = self.run_step(step)
         sums = all_reduce_sum(ctx, [totals["pairs"], totals["loss"], totals["margin"], totals["correct"],
                                     totals["chosen"], totals["tokens"]])
         pairs, loss_sum, margin_sum, correct, chosen_sum, tokens = sums
         loss = loss_sum / pairs
-        if not math.isfinite(loss):
-            raise NonFiniteLoss(step + 1, "loss", loss)
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.training.max_grad_norm)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if not math.isfinite(norm):
-            raise NonFiniteLoss(step + 1, "gradient norm", norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
+        norm = apply_update(self.policy, self.optimizer, loss, self.config.training.max_grad_norm, step)
+        self.sync()
         seconds = time.perf_counter() - t0
         flops = all_reduce_sum(ctx, [self.flops.dpo_step_flops(totals["seq_lens"], totals["scored"])])[0]
         peak_frac = self.monitor.peak_memory_fraction()
@@ -315,11 +244,7 @@ class DPOTrainer:
             "peakMemoryFraction": peak_frac, "gpuUtilization": util,
         }
 
-    def save(self, step: int) -> None:
-        state = {"batcher": self.batcher.state_dict(), "seed": self.config.training.seed}
-        self.checkpointer.save(step, self.policy, self.optimizer, state)
-
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:
     """Run DPO training described by `config` in this process (one rank)."""
-    return train_on_this_rank(lambda cfg, rank_ctx: DPOTrainer(cfg, rank_ctx, hooks), config, ctx)
+    return run_trainer(DPOTrainer, config, ctx, hooks)

@@ -1,4 +1,4 @@
-"""The loop every trainer runs around its own step (DPO in trainer.py, PPO/GRPO in rl_trainer.py).
+"""The loop every trainer runs around its own step (base.Trainer.train calls it for DPO, PPO and GRPO).
 
 What it owns, so the trainers only say what a step is:
 - the HTTP endpoint (progress.py): one server per pod, on the pod's first process (pods have

@@ -1,0 +1,208 @@
+"""What every trainer does around its own step: one `Trainer` base for DPO, PPO and GRPO.
+
+The base owns, so a trainer only says how it builds its data and models and what a step is:
+- set-up: the initial seed, the checkpointer, the GPU monitor and peak FLOP/s, and resume (the
+  latest committed checkpoint into the trained modules and their optimizers);
+- AdamW construction with the team's settings (betas 0.9/0.95, fused on CUDA);
+- per step: the RNG reseeded from (seed, step, rank), the learning-rate schedule applied to
+  every optimizer, the peak-memory counter reset;
+- the update (`apply_update`): the non-finite-loss guard raised before the optimizer step with the
+  step number, gradient clipping, the guard on the gradient norm, the optimizer step;
+- the step loop (loop.run_steps: endpoint, SIGTERM, checkpoint cadence), the result, save.
+
+A subclass implements `build()` (data, models, optimizers; sets `trainable` and `optimizers`),
+`train_step(step, lr)` (the step's record), `start_event()` and `progress_fields(rec)`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.infra.checkpoint import Checkpointer
+from rlkube.runtime.infra.distributed import DistContext
+from rlkube.runtime.infra.errors import NonFiniteLoss
+from rlkube.runtime.infra.log import log
+from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
+from rlkube.runtime.trainers.batching import SampleCost
+from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
+
+
+@dataclass
+class TrainerHooks:
+    """Test seams: called at fixed points of the loop (production runs leave them unset)."""
+
+    before_micro_batch: Callable[[list[SampleCost]], None] | None = None  # DPO; may raise OutOfMemoryError
+    before_checkpoint_commit: Callable[[int], None] | None = None  # may kill the process
+
+
+@dataclass
+class TrainResult:
+    """What one run of `train()` computed in this process: the step records, in order."""
+
+    steps_run: int
+    first_step: int  # 1-based number of the first step this run computed
+    records: list[dict] = field(default_factory=list)
+    batcher_decisions: list[str] = field(default_factory=list)  # DPO's adaptive batcher, in order
+
+    @property
+    def losses(self) -> list[float | None]:
+        return [r["loss"] for r in self.records]
+
+    @property
+    def accuracies(self) -> list[float]:
+        """DPO: preference accuracy of each step."""
+        return [r["accuracy"] for r in self.records]
+
+    @property
+    def reward_means(self) -> list[float]:
+        """PPO/GRPO: mean reward of each step's rollout."""
+        return [r["rewardMean"] for r in self.records]
+
+
+def learning_rate(config: RuntimeConfig, step: int) -> float:
+    """Linear warm-up to the peak over warmupSteps, then constant (step is 0-based)."""
+    t = config.training
+    if t.warmup_steps and step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    return t.lr
+
+
+def check_finite(value: float, step: int, what: str) -> None:
+    """NonFiniteLoss (exit 4) naming the 1-based step when `value` is NaN or infinite."""
+    if not math.isfinite(value):
+        raise NonFiniteLoss(step + 1, what, value)
+
+
+def apply_update(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: float, max_norm: float, step: int,
+    prefix: str = "",
+) -> float:
+    """Optimizer step on gradients accumulated for `loss` (the mean over all ranks that trained).
+
+    Nothing is stepped when the loss or the clipped gradient norm is not finite: NonFiniteLoss is
+    raised first, so a checkpoint never holds weights a NaN touched. Returns the gradient norm.
+    """
+    check_finite(loss, step, f"{prefix}loss")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    check_finite(norm, step, f"{prefix}gradient norm")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+class Trainer:
+    """State of one training run in one process (one rank)."""
+
+    def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
+        t0 = time.perf_counter()
+        self.config, self.ctx = config, ctx
+        self.hooks = hooks or TrainerHooks()
+        self.trainable: torch.nn.Module = torch.nn.Module()  # what this rank checkpoints
+        self.optimizers: list[torch.optim.Optimizer] = []
+        torch.manual_seed(config.training.seed)
+        self.build()
+        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx)
+        self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
+        self.monitor = GpuMonitor(ctx.device)
+        self.peak, self.peak_source = peak_flops(ctx.device)
+        self.start_step = 0
+        meta = self.checkpointer.restore(self.trainable, self.optimizers)
+        if meta is not None:
+            self.start_step = int(meta["step"])
+            self.load_trainer_state(meta["trainer"])
+            log.info(
+                "resumed from %s at step %d (written by %d ranks, now %d)",
+                config.checkpoint.dir, self.start_step, meta["worldSize"], ctx.world_size,
+            )
+        self.setup_seconds = time.perf_counter() - t0
+
+    # -- what a trainer defines ----------------------------------------------------------
+    def build(self) -> None:
+        """Data, models and optimizers of this rank; sets `trainable` and `optimizers`."""
+        raise NotImplementedError
+
+    def train_step(self, step: int, lr: float) -> dict:
+        """Train step `step` (0-based) at learning rate `lr`; its "event": "step" record."""
+        raise NotImplementedError
+
+    def start_event(self) -> dict:
+        raise NotImplementedError
+
+    def progress_fields(self, rec: dict) -> dict:
+        """What /progress shows of a step record besides the common fields (see loop.run_steps)."""
+        raise NotImplementedError
+
+    def report(self) -> Callable[[int, dict], None] | None:
+        """How rank 0 prints a step (None: one JSON line)."""
+        return None
+
+    def trainer_state(self) -> dict:
+        """The trainer's own state in the checkpoint's metadata."""
+        return {"seed": self.config.training.seed}
+
+    def load_trainer_state(self, state: dict) -> None:
+        """Restore what `trainer_state` saved."""
+
+    def finish(self, result: TrainResult) -> None:
+        """Add what the trainer reports at the end of a run to `result`."""
+
+    # -- shared pieces -------------------------------------------------------------------
+    def adamw(self, module: torch.nn.Module) -> torch.optim.Optimizer:
+        """AdamW over `module`'s parameters, registered with the lr schedule and the checkpoint."""
+        t = self.config.training
+        optimizer = torch.optim.AdamW(
+            module.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
+            fused=self.ctx.device.type == "cuda",  # one kernel for all parameters instead of a loop
+        )
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def sync(self) -> None:
+        """Wait for the device, so a stage's wall time is its own."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    def step(self, step: int) -> dict:
+        """Step `step` (0-based) from a state that depends only on (seed, step, rank)."""
+        cfg = self.config
+        torch.manual_seed((cfg.training.seed * 1_000_003 + step) * 4099 + self.ctx.rank)
+        lr = learning_rate(cfg, step)
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        self.monitor.reset_peak()
+        return self.train_step(step, lr)
+
+    def train(self) -> TrainResult:
+        result = TrainResult(steps_run=0, first_step=self.start_step + 1)
+
+        def one_step(i: int) -> dict:
+            rec = self.step(i)
+            result.steps_run += 1
+            result.records.append(rec)
+            return rec
+
+        try:
+            run_steps(self.config, self.ctx, self.start_step, self.start_event(), one_step, self.save,
+                      self.progress_fields, report=self.report())
+        finally:
+            self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
+        self.finish(result)
+        return result
+
+    def save(self, step: int) -> None:
+        self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state())
+
+
+def run_trainer(
+    trainer: type[Trainer], config: RuntimeConfig, ctx: DistContext | None, hooks: TrainerHooks | None
+) -> TrainResult:
+    """`trainer(config, ctx, hooks).train()` as this process's rank (loop.train_on_this_rank)."""
+    return train_on_this_rank(lambda cfg, rank_ctx: trainer(cfg, rank_ctx, hooks), config, ctx)

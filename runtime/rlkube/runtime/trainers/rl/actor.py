@@ -1,0 +1,60 @@
+"""The actor: the policy being trained, which also generates the rollouts (hybrid engine).
+
+Its micro-batch loss is the algorithm's registered policy loss (algorithms/registry.py) over the
+rollout's advantages: per token (PPO's GAE) or per sequence (GRPO), with the KL to the reference
+as a loss term unless the algorithm put it into the reward, and the entropy bonus when
+training.entropyCoef > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlkube.runtime.algorithms.registry import RLAlgorithm, get_policy_loss
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.engine.hybrid_engine import HybridEngine
+from rlkube.runtime.engine.models import build_causal_lm, shard
+from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.infra.errors import ConfigError
+from rlkube.runtime.infra.metrics import FlopModel
+from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.rollout import Rollout
+from rlkube.runtime.trainers.rl.scoring import response_logprobs
+from rlkube.runtime.trainers.rl.update import RoleWorker
+
+
+class ActorWorker(RoleWorker):
+    role = "actor"
+
+    def __init__(self, config: RuntimeConfig, groups: RoleGroups, algorithm: RLAlgorithm, vocab_size: int,
+                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
+        ctx = groups.ctx
+        lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed)
+        if lm.get_input_embeddings().weight.shape[0] < vocab_size:
+            raise ConfigError(f"model.config.vocab_size: smaller than the tokenizer's {vocab_size}")
+        self.flops = FlopModel.of(lm)
+        policy = shard(PolicyModel(lm), ctx, "actor")
+        super().__init__(config, groups, policy, make_optimizer(policy))
+        self.engine = HybridEngine(self.model, self.optimizer)
+        self.policy_loss = get_policy_loss(algorithm.policy_loss)
+        self.kl_as_loss = algorithm.kl_as_loss(config.training)
+
+    def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """The policy's per-token log-probs of the responses of `rows` (old log-probs, at rollout time)."""
+        micro = self.config.batching.max_micro_batch
+        return response_logprobs(self.model, rollout, rows, micro, self.groups.ctx.device)
+
+    def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
+                   scored: dict, adv: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg, dev, p = self.config.training, self.groups.ctx.device, rollout.prompt_len
+        resp = att[:, p:].float()
+        cols = resp.shape[1]
+        logps, entropy = self.model(seq, att, p, att[:, p:], with_entropy=cfg.entropy_coef > 0)
+        # A rollout trained on once has no old log-probs: the ratio is 1 at the current weights.
+        old = scored["old_logprobs"][idx, :cols].to(dev) if "old_logprobs" in scored else logps.detach()
+        a = adv["advantages"][idx]
+        a = a.to(dev) if a.dim() == 1 else a[:, :cols].to(dev)
+        ref = scored["ref_logprobs"][idx, :cols].to(dev) if self.kl_as_loss else None
+        return self.policy_loss(logps, old, a, resp, cfg, ref_logprobs=ref, entropy=entropy)

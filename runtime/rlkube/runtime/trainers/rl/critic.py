@@ -1,0 +1,48 @@
+"""The critic (algorithms with one, PPO): a value model trained with the clipped value loss on
+the returns of the advantage estimator, whose rollout-time values the estimator reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlkube.runtime.algorithms.ppo import value_loss
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.engine.models import build_causal_lm, shard
+from rlkube.runtime.engine.value_model import ValueModel
+from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices
+from rlkube.runtime.trainers.rl.update import RoleWorker
+
+
+class CriticWorker(RoleWorker):
+    role = "critic"
+
+    def __init__(self, config: RuntimeConfig, groups: RoleGroups,
+                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
+        spec = config.roles.critic.model or config.model
+        lm, _ = build_causal_lm(spec, groups.ctx.device, seed=config.training.seed)
+        critic = shard(ValueModel(lm), groups.ctx, "critic")
+        super().__init__(config, groups, critic, make_optimizer(critic))
+
+    @torch.no_grad()
+    def values(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """Per-token values of the responses of `rows` (the old values, at rollout time)."""
+        out = []
+        for batch in micro_slices(rows, self.config.batching.max_micro_batch):
+            seq, att = rollout.on_device(batch, self.groups.ctx.device)
+            out.append(self.model(seq, att, rollout.prompt_len).cpu())
+        return torch.cat(out)
+
+    def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
+                   scored: dict, adv: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        dev, p = self.groups.ctx.device, rollout.prompt_len
+        resp = att[:, p:].float()
+        cols = resp.shape[1]
+        values = self.model(seq, att, p)
+        loss, clip_frac = value_loss(
+            values, scored["values"][idx, :cols].to(dev), adv["returns"][idx, :cols].to(dev), resp,
+            self.config.training.value_clip,
+        )
+        return loss, {"value_loss": float(loss.detach()), "value_clip_fraction": clip_frac}

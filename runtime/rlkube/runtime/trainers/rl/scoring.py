@@ -1,0 +1,112 @@
+"""Stage 2 of an RL step: everything the losses need to know about the rollout, before training.
+
+Each role computes on its own ranks, on its share of the rows, and the role's leader broadcasts
+the result (`RoleGroups.per_row`):
+- scores: a rule-based reward function on the reward ranks, or a reward model over them;
+- ref_logprobs: the frozen reference's per-token log-probs (when training.kl > 0);
+- values: the critic's per-token values (algorithms with a critic);
+- old_logprobs: the actor's own log-probs at rollout time, when the rollout is trained on more
+  than once (several epochs or mini-batches) or the KL goes into the reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.prompts import PromptData
+from rlkube.runtime.data.tokenizer import Tokenizer
+from rlkube.runtime.engine.models import build_causal_lm, shard
+from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.infra.distributed import DistContext
+from rlkube.runtime.infra.errors import ConfigError
+from rlkube.runtime.rewards import load_reward_function, score_with_function
+from rlkube.runtime.rewards.model import build_reward_model
+from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices
+
+# (rollout, rows of it) -> a [rows, T] tensor on the CPU
+RowsFn = Callable[[Rollout, slice], torch.Tensor]
+
+
+def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
+    """The frozen policy the KL is taken to: roles.reference.model, or the actor's own spec and
+    seed (so it starts equal to the actor: built from the config, not copied from trained weights)."""
+    spec = config.roles.reference.model or config.model
+    lm, _ = build_causal_lm(spec, ctx.device, seed=config.training.seed)
+    lm.eval().requires_grad_(False)
+    return shard(PolicyModel(lm), ctx, "reference")
+
+
+@torch.no_grad()
+def response_logprobs(model: torch.nn.Module, rollout: Rollout, rows: slice, micro: int, device) -> torch.Tensor:
+    """Per-token log-probs of the responses of `rows` under `model` (a PolicyModel), `micro` rows at a time."""
+    out = []
+    for batch in micro_slices(rows, micro):
+        seq, att = rollout.on_device(batch, device)
+        logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :])
+        out.append(logps.cpu())
+    return torch.cat(out)
+
+
+class Scorer:
+    """Scores, reference log-probs, values and old log-probs of a rollout, identical on every rank."""
+
+    def __init__(self, config: RuntimeConfig, groups: RoleGroups, tokenizer: Tokenizer, data: PromptData,
+                 with_values: bool, with_old_logprobs: bool, values: RowsFn | None, old_logprobs: RowsFn | None,
+                 ) -> None:
+        """`values` (the critic's) and `old_logprobs` (the actor's) are called only on ranks holding
+        that role; every rank takes part in the broadcast when `with_values` / `with_old_logprobs`."""
+        self.config, self.groups, self.tokenizer, self.data = config, groups, tokenizer, data
+        self.with_values, self.with_old_logprobs = with_values, with_old_logprobs
+        self.values, self.old_logprobs = values, old_logprobs
+        self.use_reference = config.training.kl > 0
+        ctx, reward, seed = groups.ctx, config.roles.reward, config.training.seed
+        self.reference = self.reward_fn = self.reward_model = None
+        if self.use_reference and "reference" in groups.here:
+            self.reference = build_reference(config, ctx)
+        if "reward" in groups.here:
+            if reward.function is not None:
+                try:
+                    self.reward_fn = load_reward_function(reward.function)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+            else:
+                self.reward_model = build_reward_model(reward.model, ctx.device, tokenizer.pad_id, seed)
+
+    def _completion_texts(self, rollout: Rollout, rows: slice) -> tuple[list[str], list[str]]:
+        eos, pad = self.tokenizer.eos_id, self.tokenizer.pad_id
+        prompts, completions = [], []
+        for r in range(rollout.rows)[rows]:
+            ids = rollout.sequences[r, rollout.prompt_len :][rollout.response_mask[r].bool()].tolist()
+            completions.append(self.tokenizer.decode([t for t in ids if t not in (eos, pad)]))
+            prompts.append(self.data.texts[rollout.prompt_index[r]])
+        return prompts, completions
+
+    def _scores(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        if self.reward_fn is not None:
+            prompts, completions = self._completion_texts(rollout, rows)
+            return score_with_function(self.reward_fn, prompts, completions)
+        device = self.groups.ctx.device
+        return self.reward_model(rollout.sequences[rows].to(device), rollout.attention_mask[rows].to(device))
+
+    def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        micro = self.config.batching.max_micro_batch
+        return response_logprobs(self.reference, rollout, rows, micro, self.groups.ctx.device)
+
+    def score(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        t = rollout.sequences.shape[1] - rollout.prompt_len
+
+        def per_row(role: str, compute: RowsFn, tail: tuple) -> torch.Tensor:
+            return self.groups.per_row(role, lambda rows: compute(rollout, rows), rollout.rows, tail, torch.float32)
+
+        out = {"scores": per_row("reward", self._scores, ())}
+        if self.use_reference:
+            out["ref_logprobs"] = per_row("reference", self._reference_logprobs, (t,))
+        if self.with_values:
+            out["values"] = per_row("critic", self.values, (t,))
+        if self.with_old_logprobs:
+            out["old_logprobs"] = per_row("actor", self.old_logprobs, (t,))
+        return out

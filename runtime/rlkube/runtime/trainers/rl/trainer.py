@@ -1,0 +1,245 @@
+"""The PPO and GRPO trainer: one step orchestrates the role workers over the role device groups.
+
+One step (one rollout of `batching.globalBatch` prompts; algorithms that sample groups take
+`training.groupSize` completions of each):
+
+  1. rollout   (rollout.py) actor ranks generate with the hybrid engine; every rank gets the rows;
+  2. score     (scoring.py) reward, reference log-probs, critic values, old log-probs, each on
+               its role's ranks and broadcast;
+  3. advantages the algorithm's registered estimator (algorithms/registry.py), computed
+               identically on every rank from the broadcast tensors;
+  4. train     (update.py, actor.py, critic.py) `ppoEpochs` passes of `miniBatches` optimizer
+               steps for each trained role held here.
+
+The algorithm is a recipe picked by name from the registry (ppo: GAE + clipped loss + critic;
+grpo: group-normalised advantages + clip-higher loss); nothing here branches on its name.
+
+Every rank runs every step's collectives in the same order, whatever roles it holds; roles
+that share a rank (colocateWith, or `gpus: 0`) run one after the other in that process.
+
+Exactness of resume: prompts come from the step sampler (a function of seed and step); the
+sampling generator and torch's RNG are reseeded from (seed, step, rank) at every step; model
+and optimizer state of every role are in the checkpoint. A resumed run computes the same
+steps as an uninterrupted one.
+
+Left out, on purpose: adaptive micro-batching (RL micro-batches are fixed at maxMicroBatch
+rows; the DPO trainer owns the adaptive batcher), learning-rate decay, value-head
+pre-training, OOM recovery, and overlapping generation with scoring.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlkube.runtime.algorithms.grpo import fraction_of_groups_with_signal
+from rlkube.runtime.algorithms.registry import get_adv_estimator, rl_algorithm
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.prompts import PromptData, load_prompt_data
+from rlkube.runtime.data.sampler import StepSampler
+from rlkube.runtime.data.tokenizer import load_tokenizer
+from rlkube.runtime.engine.generation import SamplingParams
+from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
+from rlkube.runtime.infra.errors import ConfigError
+from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
+from rlkube.runtime.trainers.rl.actor import ActorWorker
+from rlkube.runtime.trainers.rl.critic import CriticWorker
+from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.rollout import Rollout, RolloutWorker
+from rlkube.runtime.trainers.rl.scoring import Scorer
+from rlkube.runtime.trainers.rl.update import PassTotals
+
+TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSeconds", "scoringSeconds",
+           "generationSeconds", "trainingSeconds")
+
+
+class RLTrainer(Trainer):
+    """State of one PPO or GRPO run in one process (one rank)."""
+
+    def build(self) -> None:
+        cfg, tcfg = self.config, self.config.training
+        try:
+            self.algorithm = rl_algorithm(cfg.algorithm)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.group_size = self.algorithm.group_size(tcfg)
+        self.groups = RoleGroups(self.ctx, cfg.device_map)
+        if tcfg.kl > 0 and cfg.roles.reference is None:
+            raise ConfigError("training.kl: > 0 needs roles.reference (the frozen policy the KL is taken to)")
+        reward = cfg.roles.reward
+        if reward.function is None and reward.model is None:
+            raise ConfigError("roles.reward: set either function (a rule-based reward) or model (a reward model)")
+        self.rows = cfg.batching.global_batch * self.group_size
+        self._check_divisible()
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer)
+        self.data: PromptData = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.max_new_tokens)
+        try:
+            sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.reuse_rollout = tcfg.ppo_epochs > 1 or tcfg.mini_batches > 1
+        self._build_workers()
+        sampling = SamplingParams.from_rollout(cfg.rollout, self.tokenizer.eos_id, self.tokenizer.pad_id)
+        engine = self.actor.engine if self.actor else None
+        self.rollout = RolloutWorker(cfg, self.groups, self.data, sampler, sampling, self.tokenizer.pad_id,
+                                     self.group_size, engine, self.sync)
+        self.estimate = get_adv_estimator(self.algorithm.advantage_estimator)
+
+    def _build_workers(self) -> None:
+        """The trained roles held here (what this rank checkpoints) and the scorer."""
+        cfg, here = self.config, self.groups.here
+        self.trainable = torch.nn.ModuleDict()
+        self.actor = self.critic = None
+        self.attention = None
+        if "actor" in here:
+            self.actor = ActorWorker(cfg, self.groups, self.algorithm, self.tokenizer.vocab_size, self.adamw)
+            self.attention = self.actor.attention
+            self.trainable["actor"] = self.actor.model
+        if self.algorithm.critic and "critic" in here:
+            self.critic = CriticWorker(cfg, self.groups, self.adamw)
+            self.trainable["critic"] = self.critic.model
+        self.workers = [w for w in (self.actor, self.critic) if w is not None]
+        self.scorer = Scorer(
+            cfg, self.groups, self.tokenizer, self.data,
+            with_values=self.algorithm.critic,
+            with_old_logprobs=self.reuse_rollout or self.algorithm.kl_in_reward(cfg.training),
+            values=self.critic.values if self.critic else None,
+            old_logprobs=self.actor.logprobs if self.actor else None,
+        )
+
+    def _check_divisible(self) -> None:
+        t, ranks = self.config.training, self.groups.ranks
+        for role, members in ranks.items():
+            if self.rows % len(members):
+                raise ConfigError(
+                    f"batching.globalBatch: {self.rows} rows per step (globalBatch x groupSize) must split "
+                    f"evenly over the {len(members)} ranks of role {role}"
+                )
+        per_mini = self.rows // t.mini_batches
+        if self.rows % t.mini_batches:
+            raise ConfigError(f"training.miniBatches: {t.mini_batches} does not divide the {self.rows} rows per step")
+        for role in ("actor", "critic"):
+            if role in ranks and per_mini % len(ranks[role]):
+                raise ConfigError(
+                    f"training.miniBatches: a mini-batch of {per_mini} rows must split evenly over the "
+                    f"{len(ranks[role])} ranks of role {role}"
+                )
+
+    # -- one step ------------------------------------------------------------------------
+    def train_on(self, rollout: Rollout, scored: dict, adv: dict, step: int) -> dict[str, PassTotals]:
+        """Every trained role held here, `ppoEpochs` passes over the rollout."""
+        cfg = self.config.training
+        out: dict[str, PassTotals] = {}
+        for epoch in range(cfg.ppo_epochs):
+            g = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 31 + epoch)
+            order = torch.randperm(rollout.rows, generator=g) if self.reuse_rollout else torch.arange(rollout.rows)
+            for worker in self.workers:
+                passed = worker.train_pass(rollout, scored, adv, order, step)
+                out.setdefault(worker.role, PassTotals()).add(passed, cfg.ppo_epochs)
+        return out
+
+    def train_step(self, step: int, lr: float) -> dict:
+        t_start = time.perf_counter()
+        rollout, gen_stats = self.rollout.generate(step)
+        self.sync()
+        t_scored = time.perf_counter()
+        scored = self.scorer.score(rollout)
+        adv = self.estimate(scored, rollout.response_mask.float(), self.config.training)
+        self.sync()
+        t_trained = time.perf_counter()
+        trained = self.train_on(rollout, scored, adv, step)
+        self.sync()
+        t_end = time.perf_counter()
+        times = {"seconds": t_end - t_start, "scoring": t_trained - t_scored, "training": t_end - t_trained}
+        rec = self._step_record(step, lr, rollout, gen_stats, scored["scores"], trained, times)
+        rec.update(self._loss_terms(trained))
+        return rec
+
+    def _step_record(self, step: int, lr: float, rollout: Rollout, gen_stats: dict, scores: torch.Tensor,
+                     trained: dict[str, PassTotals], times: dict) -> dict:
+        ctx = self.ctx
+        actor = trained.get("actor", PassTotals())
+        train_seconds, seconds = times["training"], times["seconds"]
+        # Sums over ranks: generation and training tokens counted where they happened.
+        flops = self.actor.flops if self.actor else None
+        train_flops = 3.0 * flops.forward_flops(actor.seq_lens, actor.scored) if flops else 0.0
+        gen_flops = 2.0 * flops.body_params * gen_stats["generatedTokens"] if flops else 0.0
+        sums = all_reduce_sum(ctx, [gen_stats["generatedTokens"], actor.tokens, train_flops, gen_flops])
+        gen_tokens, train_tokens, train_flops, gen_flops = sums
+        gen_seconds, reshard_seconds = all_reduce_max(
+            ctx, [gen_stats["generationSeconds"], gen_stats["reshardSeconds"]]
+        )
+        mask = rollout.response_mask.float()
+        util = self.monitor.utilization()
+        rec = {
+            "event": "step", "algorithm": self.algorithm.name, "step": step + 1, "lr": lr,
+            "rewardMean": float(scores.mean()), "rewardStd": float(scores.std()) if scores.numel() > 1 else 0.0,
+            "loss": float(actor.loss) if "actor" in trained else None,
+            "responseLengthMean": float(mask.sum(dim=1).mean()),
+            "seconds": round(seconds, 4),
+            "generationSeconds": round(gen_seconds, 4),
+            "generationTokensPerSecond": gen_tokens / gen_seconds if gen_seconds else None,
+            "reshardSeconds": round(reshard_seconds, 4),
+            "scoringSeconds": round(times["scoring"], 4),
+            "trainingSeconds": round(train_seconds, 4),
+            "trainingTokensPerSecond": train_tokens / train_seconds if train_seconds else None,
+            "tokensPerSecond": (gen_tokens + train_tokens) / seconds,
+            "mfu": (train_flops + gen_flops) / seconds / (self.peak * ctx.world_size) if self.peak else None,
+            "trainingMfu": train_flops / train_seconds / (self.peak * len(self.groups.ranks["actor"]))
+            if self.peak and train_seconds else None,
+            "gpuUtilization": util,
+            "peakMemoryFraction": self.monitor.peak_memory_fraction(),
+            "tokens": int(gen_tokens + train_tokens),
+        }
+        if self.algorithm.grouped:
+            rec["groupsWithSignal"] = fraction_of_groups_with_signal(scores, self.group_size)
+        return rec
+
+    def _loss_terms(self, trained: dict[str, PassTotals]) -> dict[str, float]:
+        """Job-wide token means of the loss terms. They are token-weighted sums on the ranks that
+        trained them (critic terms live on critic ranks only); one all-reduce over the job."""
+        keys = self._metric_keys()
+        local = []
+        for role, names in keys.items():
+            res = trained.get(role, PassTotals())
+            local += [res.metrics.get(k, 0.0) for k in names] + [float(res.tokens)]
+        total = all_reduce_sum(self.ctx, local)
+        out, at = {}, 0
+        for names in keys.values():
+            tokens = max(total[at + len(names)], 1.0)
+            for i, k in enumerate(names):
+                out[k] = total[at + i] / tokens
+            at += len(names) + 1
+        return out
+
+    def _metric_keys(self) -> dict[str, list[str]]:
+        """Per-role metric names, known to every rank from the config alone."""
+        t = self.config.training
+        actor = ["policy_loss", "clip_fraction", "approx_kl"]
+        if self.algorithm.kl_as_loss(t):
+            actor.append("kl")
+        if t.entropy_coef > 0:
+            actor.append("entropy")
+        keys = {"actor": actor}
+        if self.algorithm.critic:
+            keys["critic"] = ["value_loss", "value_clip_fraction"]
+        return keys
+
+    # -- what the step loop shows (base.Trainer.train runs it) ---------------------------
+    def start_event(self) -> dict:
+        engine = self.actor.engine if self.actor else None
+        return {"event": "start", "algorithm": self.algorithm.name, "attention": self.attention,
+                "worldSize": self.ctx.world_size, "deviceMap": self.groups.ranks, "startStep": self.start_step,
+                "totalSteps": self.config.training.steps, "prompts": len(self.data), "rowsPerStep": self.rows,
+                "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
+                "peakSource": self.peak_source, "hybridEngineSharded": bool(engine and engine.sharded)}
+
+    def progress_fields(self, rec: dict) -> dict:
+        return {"rewardMean": rec["rewardMean"],
+                "extra": {k: rec[k] for k in TIMINGS if isinstance(rec.get(k), (int, float))}}
+
+
+def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:
+    """Run the PPO or GRPO training described by `config` in this process (one rank)."""
+    return run_trainer(RLTrainer, config, ctx, hooks)

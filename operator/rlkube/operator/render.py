@@ -6,23 +6,24 @@ placement's device map) and one Pod per planned slot. The operator creates which
 missing; because every name is deterministic, a rerun after a crash meets AlreadyExists instead
 of making a duplicate.
 
-Names. Pods are `<job>-<slot>-<index>`: `index` is the pod index (NODE_RANK, 0-based over the
-whole gang) and `slot` the first role that owns GPUs in the pod (its ranks decide it, so it does
-not change when a re-plan moves the pod). The pod name is also its hostname under the headless
-Service `<job>`, so `<pod>.<job>.<namespace>.svc` resolves; the API types bound the job name so
-this stays a DNS label. Pod names are reused across restart attempts: a new attempt is created
-only once the previous one is gone, so no two pods ever hold the same index.
+Names. Pods are `<job>-<slot>-<index>`: `index` is the pod index (0-based over the whole gang,
+also the pod's label rlkube.io/pod-index) and `slot` the first role that owns GPUs in the pod (its
+ranks decide it, so it does not change when a re-plan moves the pod). The pod name is also its
+hostname under the headless Service `<job>`, so `<pod>.<job>.<namespace>.svc` resolves; the API
+types bound the job name so this stays a DNS label. Pod names are reused across restart attempts:
+a new attempt is created only once the previous one is gone, so no two pods ever hold the same
+index.
 
 What a pod gets: required node affinity to its planned node (by `metadata.name`), plus the
 user's nodeSelector and tolerations; `nvidia.com/gpu` requests and limits equal to gpusPerPod;
-the env of the operator->runtime contract (`rlkube.runtime.contract.pod`, nothing the runtime
-does not read); probes on /healthz;
-`/dev/shm` as a memory emptyDir (NCCL and DataLoader workers need more than the 64 MiB default);
-a checkpoint volume (the PVC of `checkpoint.volumeClaim`, else a hostPath per node under
-/var/lib/rlkube/<namespace>/<job>-<uid>, so a gang restarted on the same nodes resumes); restartPolicy
-Never (the operator restarts whole gangs); and a restricted security context (non-root 1000, no
-privilege escalation, seccomp RuntimeDefault, all capabilities dropped) unless the spec's
-securityContext overrides the user, group or non-root setting.
+the env of the operator->runtime contract (`rlkube.runtime.contract.pod`; nothing the runtime
+does not read); probes on /healthz; `/dev/shm` as a memory emptyDir (NCCL and DataLoader workers
+need more than the 64 MiB default); a checkpoint volume (the PVC of `checkpoint.volumeClaim`, else
+a hostPath per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a gang restarted on the
+same nodes resumes); restartPolicy Never (the operator restarts whole gangs); and a restricted
+security context (non-root 1000, no privilege escalation, seccomp RuntimeDefault, all
+capabilities dropped) unless the spec's securityContext overrides the user, group or non-root
+setting.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from rlkube.operator.api_limits import (
     MAX_TOTAL_GPUS,
 )
 from rlkube.runtime.contract.config import MAX_NAME_LEN, ROLE_NAMES
+from rlkube.runtime.contract.pod import LABEL_POD_INDEX
 
 
 class Status(BaseModel):
@@ -68,7 +69,9 @@ class PodPlacementStatus(Status):
     """Where one pod of the gang runs."""
 
     name: str = Field(max_length=DNS_LABEL_MAX, description="Pod name.")
-    index: int = Field(ge=0, le=MAX_PODS, description="Pod index (NODE_RANK).")
+    index: int = Field(
+        ge=0, le=MAX_PODS, description=f"Pod index, 0-based over the gang (the pod's label {LABEL_POD_INDEX})."
+    )
     node: str = Field(max_length=MAX_NAME_LEN, description="Node the pod is planned on or bound to.")
     ranks: list[int] = Field(
         default_factory=list, max_length=MAX_GPUS_PER_POD, description="Global ranks in the pod."

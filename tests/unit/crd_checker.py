@@ -4,9 +4,9 @@ It applies the schema's defaults, then checks the structural schema (types, boun
 patterns, list types, unknown fields as `kubectl --validate=strict` reports them) and evaluates
 the `x-kubernetes-validations` CEL rules. The CEL evaluator covers only the subset of CEL that
 `rlkube.operator.crd` emits (has(), member access, && || ! ?:, comparisons, + - * / %, `in`,
-string and int literals, and the all/exists/exists_one macros); it raises on anything else, so a
-rule outside the subset fails the tests instead of passing unchecked. Transition rules (those
-naming oldSelf) are skipped: they only run on update.
+string, int and double literals, and the all/exists/exists_one macros); it raises on anything
+else, so a rule outside the subset fails the tests instead of passing unchecked. Transition rules
+(those naming oldSelf) are skipped: they only run on update.
 
 This is no substitute for a real API server (a later integration test applies the CRD to one);
 it makes the agreement between the pydantic validators and the CRD's rules a fast unit test.
@@ -161,7 +161,8 @@ def validate(value: Any, schema: dict, path: str = "") -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<int>\d+)|(?P<str>'(?:[^'\\]|\\.)*')|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+    r"\s*(?:(?P<float>\d+\.\d+(?:[eE][-+]?\d+)?)|(?P<int>\d+)|(?P<str>'(?:[^'\\]|\\.)*')"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
     r"|(?P<op>&&|\|\||==|!=|<=|>=|[-+*/%<>!?:().,\[\]]))"
 )
 _BINARY = {
@@ -253,6 +254,8 @@ class _Parser:
         kind, text = self.take()
         if kind == "int":
             return ("lit", int(text))
+        if kind == "float":
+            return ("lit", float(text))
         if kind == "str":
             return ("lit", text[1:-1].replace("\\'", "'"))
         if text == "(":

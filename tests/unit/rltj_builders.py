@@ -26,7 +26,7 @@ ROLES = {
     "ppo": {
         "actor": {"gpus": 2},
         "critic": {"gpus": 1},
-        "reward": {"gpus": 1},
+        "reward": {"gpus": 1, "model": {"path": "/models/reward"}},
         "reference": {"colocateWith": "actor"},
     },
 }

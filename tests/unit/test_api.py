@@ -69,8 +69,18 @@ def test_runtime_config_round_trips_through_camel_case_yaml():
                                  reward={"colocateWith": "critic"})),
          "spec.roles.critic.colocateWith", "cycle critic -> reward -> critic"),
         (spec(roles=roles(actor={"gpus": 1}, critic={"gpus": 1})), "spec.roles.critic", "only ppo"),
-        (spec("ppo", roles=roles(actor={"gpus": 1}, reward={"gpus": 1})), "spec.roles.critic", "needs a critic"),
+        (spec("ppo", roles=roles(actor={"gpus": 1}, reward={"gpus": 0, "function": REWARD_FUNCTION})),
+         "spec.roles.critic", "needs a critic"),
         (spec("grpo", roles=roles(actor={"gpus": 1})), "spec.roles.reward", "needs a reward"),
+        (spec("grpo", roles=roles(actor={"gpus": 1}, reward={"gpus": 1})), "spec.roles.reward", "function"),
+        (spec("grpo", training={"kl": 0.1}, roles=roles(actor={"gpus": 1}, reward={"gpus": 0, "function": REWARD_FUNCTION})),
+         "spec.training.kl", "needs roles.reference"),
+        (spec("grpo", training={"groupSize": 1}), "spec.training.groupSize", ">= 2 completions per prompt, got 1"),
+        (spec("grpo", rollout={"temperature": 0.0}), "spec.rollout.temperature", "needs > 0, got 0"),
+        (spec("ppo", batching={"maxTokensPerGpu": 4096}), "spec.batching.maxTokensPerGpu",
+         "accept only 16384 (leave it unset), got 4096: PPO/GRPO micro-batches are batching.maxMicroBatch rows"),
+        (spec("grpo", data={"source": "s", "format": "synthetic", "prefetch": 4}), "spec.data.prefetch",
+         "accept only 2 or 0"),
         (spec(roles=roles(actor={"gpus": 3}), placement={"gpusPerPod": 2}),
          "spec.placement.gpusPerPod", "use one of [1, 3]"),
         (spec(elastic={"minWorkers": 2, "maxWorkers": 1}), "spec.elastic.maxWorkers", ">= minWorkers (2), got 1"),
@@ -108,6 +118,17 @@ def test_every_cross_field_problem_is_reported_at_once():
         placement={"gpusPerPod": 2},
     )
     assert paths(data) == ["spec.roles.critic", "spec.roles.actor.function", "spec.placement.gpusPerPod"]
+
+
+def test_every_algorithm_setting_problem_is_reported_at_once():
+    data = spec("grpo", training={"groupSize": 1}, rollout={"temperature": 0}, batching={"minMicroBatch": 2})
+    assert paths(data) == ["spec.training.groupSize", "spec.rollout.temperature", "spec.batching.minMicroBatch"]
+
+
+def test_dpo_only_fields_are_free_for_dpo():
+    data = spec("dpo", batching={"mode": "fixed", "minMicroBatch": 2, "maxTokensPerGpu": 512, "targetUtilization": 0.5},
+                data={"source": "s", "format": "synthetic", "prefetch": 9, "lengthMix": "longTailed", "packing": False})
+    assert paths(data) == []
 
 
 def test_parsing_is_strict_like_the_api_server():

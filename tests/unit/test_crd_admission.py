@@ -8,11 +8,13 @@ import pytest
 from crd_checker import CelError, admit, evaluate, validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 from rltj_builders import job
 from rltj_strategies import mutated_specs
 
 from rlkube.operator import api, crd
 from rlkube.operator.cli import load_documents
+from rlkube.runtime.contract.config import RuntimeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = crd.crd_manifest()
@@ -35,6 +37,14 @@ def test_examples_are_admitted(path):
     assert admit(load(path), CRD) == []
 
 
+def names(error: str, path: str) -> bool:
+    """Whether a CRD error names `path` ('spec.training.kl', or a part of one as a bad manifest's
+    '# expect:' line may give it): in its location, or, for a CEL rule on a parent object, in the
+    path its message starts with."""
+    location, _, message = error.partition(": ")
+    return path in location or path.removeprefix("spec.") in message.partition(": ")[0]
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "tests/data/bad").glob("*.yaml")), ids=lambda p: p.stem)
 def test_bad_manifests_are_refused_by_the_crd_too(path):
     errors = admit(load(path), CRD)
@@ -42,6 +52,8 @@ def test_bad_manifests_are_refused_by_the_crd_too(path):
         assert errors == [], "listed as not caught by the schema, but it is: drop it from the list"
     else:
         assert errors, f"{path.name}: the CRD admits what rlkube validate refuses"
+        expect = path.read_text(encoding="utf-8").splitlines()[0].removeprefix("# expect: ").strip()
+        assert any(names(error, expect) for error in errors), (expect, errors)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -55,6 +67,65 @@ def test_crd_and_pydantic_agree_on_mutated_specs(spec):
     elif not crd_errors:
         # Only what the schema cannot express may pass the CRD.
         assert all("model_type" in error.message for error in pydantic_errors), pydantic_errors
+
+
+# The rules of rlkube.runtime.contract.algorithm_settings at their boundaries: (algorithm, spec
+# overrides, the one field path refused, or None). Each runs through pydantic (rlkube validate),
+# the CRD (the API server) and RuntimeConfig (the trainer at start), which must agree.
+NO_REFERENCE = {"actor": {"gpus": 2}, "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"}}
+SYNTHETIC = {"source": "synthetic", "format": "synthetic"}
+SETTING_CASES = [
+    ("grpo", {"training": {"kl": 0.05}}, None),
+    ("grpo", {"training": {"kl": 0.05}, "roles": NO_REFERENCE}, "spec.training.kl"),
+    ("grpo", {"training": {"kl": 0.0}, "roles": NO_REFERENCE}, None),
+    ("ppo", {"training": {"kl": 1e-4}, "roles": {**NO_REFERENCE, "critic": {"colocateWith": "actor"}}},
+     "spec.training.kl"),
+    ("dpo", {"training": {"kl": 0.05}, "roles": {"actor": {"gpus": 2}}}, None),  # DPO never reads kl
+    ("ppo", {"roles": {"actor": {"gpus": 1}, "critic": {"gpus": 1}, "reward": {"gpus": 1}}}, "spec.roles.reward"),
+    ("grpo", {"roles": {"actor": {"gpus": 1}, "reward": {"colocateWith": "actor"}}}, "spec.roles.reward"),
+    ("grpo", {"roles": {"actor": {"gpus": 1}, "reward": {"gpus": 1, "model": {"path": "/m"}}}}, None),
+    ("grpo", {"training": {"groupSize": 1}}, "spec.training.groupSize"),
+    ("grpo", {"training": {"groupSize": 2}}, None),
+    ("ppo", {"training": {"groupSize": 1}}, None),  # PPO has no groups
+    ("grpo", {"rollout": {"temperature": 0}}, "spec.rollout.temperature"),
+    ("grpo", {"rollout": {"temperature": 0.0}}, "spec.rollout.temperature"),
+    ("grpo", {"rollout": {"temperature": 0.01}}, None),
+    ("ppo", {"rollout": {"temperature": 0}}, None),  # greedy PPO rollouts are allowed
+    ("ppo", {"batching": {"minMicroBatch": 2}}, "spec.batching.minMicroBatch"),
+    ("grpo", {"batching": {"minMicroBatch": 1, "maxMicroBatch": 8}}, None),
+    ("grpo", {"batching": {"maxTokensPerGpu": 16385}}, "spec.batching.maxTokensPerGpu"),
+    ("ppo", {"batching": {"maxTokensPerGpu": 16384}}, None),
+    ("ppo", {"batching": {"targetUtilization": 0.85}}, "spec.batching.targetUtilization"),
+    ("grpo", {"batching": {"targetUtilization": 1}}, "spec.batching.targetUtilization"),
+    ("grpo", {"batching": {"targetUtilization": 0.9}}, None),
+    ("ppo", {"batching": {"mode": "fixed"}}, None),  # what PPO/GRPO do anyway
+    ("grpo", {"batching": {"mode": "adaptive"}}, None),  # the default; CEL cannot tell it from unset
+    ("grpo", {"data": {**SYNTHETIC, "packing": False, "lengthBucketing": False}}, None),
+    ("ppo", {"data": {**SYNTHETIC, "prefetch": 3}}, "spec.data.prefetch"),
+    ("grpo", {"data": {**SYNTHETIC, "prefetch": 0}}, None),
+    ("ppo", {"data": {**SYNTHETIC, "lengthMix": "longTailed"}}, "spec.data.lengthMix"),
+    ("dpo", {"data": {**SYNTHETIC, "lengthMix": "longTailed", "prefetch": 8},
+             "batching": {"minMicroBatch": 2, "maxTokensPerGpu": 4096, "targetUtilization": 0.5}}, None),
+]
+RUNTIME_SECTIONS = ("algorithm", "model", "roles", "data", "batching", "training", "rollout")
+
+
+@pytest.mark.parametrize("algorithm, overrides, refused", SETTING_CASES)
+def test_algorithm_settings_get_one_verdict_from_pydantic_the_crd_and_the_runtime(algorithm, overrides, refused):
+    obj = job(algorithm=algorithm, **overrides)
+    pydantic_paths = [error.path for error in api.job_errors(obj)]
+    crd_errors = admit(obj, CRD)
+    try:
+        RuntimeConfig.model_validate({key: obj["spec"][key] for key in RUNTIME_SECTIONS if key in obj["spec"]})
+        runtime_error = ""
+    except ValidationError as exc:
+        runtime_error = str(exc)
+    if refused is None:
+        assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
+    else:
+        assert pydantic_paths == [refused]
+        assert crd_errors and all(names(error, refused) for error in crd_errors), crd_errors
+        assert refused.removeprefix("spec.") in runtime_error
 
 
 ROLE_NAMES = ("actor", "critic", "reward", "reference")
@@ -77,9 +148,9 @@ def role_layouts(draw: st.DrawFn) -> dict:
         layout["critic"] = draw(st.sampled_from([{"gpus": draw(gpus)}, {"colocateWith": "actor"}]))
     if algorithm != "dpo":
         layout["reward"] = draw(st.sampled_from([
-            {"gpus": draw(gpus)},
+            {"gpus": draw(gpus), "model": {"path": "/m"}},
             {"gpus": 0, "function": FUNCTION},
-            {"colocateWith": draw(st.sampled_from(sorted(layout)))},
+            {"colocateWith": draw(st.sampled_from(sorted(layout))), "function": FUNCTION},
         ]))
     if draw(st.booleans()):
         layout["reference"] = {"colocateWith": draw(st.sampled_from(sorted(layout)))}
@@ -88,7 +159,7 @@ def role_layouts(draw: st.DrawFn) -> dict:
     brk = draw(st.sampled_from([
         "none", "none", "negative", "actor-zero", "self", "missing-target", "cycle", "actor-colocated",
         "function-elsewhere", "model-and-function", "empty", "gpus-and-colocate", "drop", "add-critic",
-        "add-reward",
+        "add-reward", "reward-without-source",
     ]))
     if brk == "negative":
         layout[role] = {"gpus": -1}
@@ -123,6 +194,8 @@ def role_layouts(draw: st.DrawFn) -> dict:
         layout["critic"] = {"colocateWith": "actor"}
     elif brk == "add-reward":
         layout["reward"] = {"gpus": 0, "function": FUNCTION}
+    elif brk == "reward-without-source" and "reward" in layout:
+        layout["reward"] = {key: value for key, value in layout["reward"].items() if key not in ("model", "function")}
     total = sum(r["gpus"] for r in layout.values() if isinstance(r.get("gpus"), int) and r["gpus"] > 0)
     divisors = [d for d in range(1, 5) if total and total % d == 0] or [1]
     per_pod = draw(st.sampled_from(divisors) | st.integers(min_value=1, max_value=4))

@@ -4,12 +4,12 @@
 structural, as the API server requires: every `$ref` is inlined, `Optional[X]` becomes a plain
 optional property, and nothing is left of `anyOf`/`oneOf`/`allOf`. Every string carries a
 `maxLength`, every list a `maxItems` and every map a `maxProperties` (the generator refuses a
-type that lacks one), which is also what keeps the CEL rules below within the API server's cost
+type that lacks one), which is also what keeps the CEL rules within the API server's cost
 budget.
 
-The cross-field rules of the pydantic validators are repeated here as CEL
-(`x-kubernetes-validations`), so `kubectl apply` rejects what `rlkube validate` rejects, and the
-run-defining fields (algorithm, model, roles) are immutable. `crds/rlkube.io_rltrainingjobs.yaml`
+The cross-field rules of the pydantic validators are repeated as CEL (`x-kubernetes-validations`,
+from `rlkube.operator.crd_rules`), so `kubectl apply` rejects what `rlkube validate` rejects, and
+the run-defining fields (algorithm, model, roles) are immutable. `crds/rlkube.io_rltrainingjobs.yaml`
 is this module's output, byte for byte (`make crds-check`).
 """
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from rlkube.operator import api
-from rlkube.runtime.contract.config import ROLE_NAMES
+from rlkube.operator.crd_rules import FIELD_RULES, LIST_MAP_KEYS, MODEL_RULES
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 HEADER = (
@@ -35,226 +35,6 @@ HEADER = (
 
 class SchemaError(Exception):
     """An API type cannot be expressed as a structural, bounded schema."""
-
-
-# ---------------------------------------------------------------------------------------------
-# CEL rules, keyed by the pydantic model they belong to (they follow the model wherever the
-# generator inlines it) or by (model, field) for rules on one property.
-# ---------------------------------------------------------------------------------------------
-
-_OTHER_ROLES = tuple(name for name in ROLE_NAMES if name != "actor")
-
-
-def _rule(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict:
-    out: dict[str, Any] = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    if reason:
-        out["reason"] = reason
-    return out
-
-
-def _role_gpus(name: str, base: str = "self.roles") -> str:
-    """CEL for a role's own gpus, 0 when the role or its gpus is unset."""
-    if name == "actor":
-        return f"(has({base}.actor.gpus) ? {base}.actor.gpus : 0)"
-    return f"(has({base}.{name}) && has({base}.{name}.gpus) ? {base}.{name}.gpus : 0)"
-
-
-def _total_gpus() -> str:
-    return "(" + " + ".join(_role_gpus(name) for name in ROLE_NAMES) + ")"
-
-
-def _gpus_per_pod() -> str:
-    return "(has(self.placement) && has(self.placement.gpusPerPod) ? self.placement.gpusPerPod : 1)"
-
-
-def _resolves(name: str, visited: frozenset[str]) -> str:
-    """CEL: following colocateWith from role `name` ends at a role with gpus, without a cycle."""
-    if name == "actor":
-        return "true"
-    visited = visited | {name}
-    steps = []
-    for target in ROLE_NAMES:
-        if target in visited:
-            continue
-        present = "" if target == "actor" else f" && has(self.{target})"
-        steps.append(f"(self.{name}.colocateWith == '{target}'{present} && {_resolves(target, visited)})")
-    follow = " || ".join(steps) if steps else "false"
-    return f"(has(self.{name}.gpus) || (has(self.{name}.colocateWith) && ({follow})))"
-
-
-def _roles_rules() -> list[dict]:
-    rules = [
-        _rule(
-            "!has(self.actor.colocateWith)",
-            "roles.actor: must have gpus of its own, not colocateWith",
-            ".actor",
-        ),
-        _rule(
-            "has(self.actor.gpus) && self.actor.gpus >= 1",
-            "roles.actor.gpus: must be >= 1 (the actor trains and generates on GPUs of its own)",
-            ".actor",
-        ),
-        _rule("!has(self.actor.function)", "roles.actor.function: only the reward role takes a function", ".actor"),
-    ]
-    for name in _OTHER_ROLES:
-        unset = f"!has(self.{name}) || !has(self.{name}.colocateWith)"
-        existing = " || ".join(
-            f"self.{name}.colocateWith == '{target}'" + ("" if target == "actor" else f" && has(self.{target})")
-            for target in ROLE_NAMES
-            if target != name
-        )
-        rules += [
-            _rule(
-                f"{unset} || self.{name}.colocateWith != '{name}'",
-                f"roles.{name}.colocateWith: a role cannot colocate with itself",
-                f".{name}",
-            ),
-            _rule(
-                f"{unset} || {existing}",
-                f"roles.{name}.colocateWith: must name a role that is set",
-                f".{name}",
-            ),
-            _rule(
-                f"!has(self.{name}) || {_resolves(name, frozenset())}",
-                f"roles.{name}.colocateWith: the colocateWith chain must end at a role with gpus (no cycles)",
-                f".{name}",
-            ),
-        ]
-        if name != "reward":
-            rules.append(
-                _rule(
-                    f"!has(self.{name}) || !has(self.{name}.function)",
-                    f"roles.{name}.function: only the reward role takes a function",
-                    f".{name}",
-                )
-            )
-    rules.append(
-        _rule(
-            "!has(self.reward) || !has(self.reward.function) || !has(self.reward.model)",
-            "roles.reward: set model or function, not both",
-            ".reward",
-        )
-    )
-    return rules
-
-
-def _spec_rules() -> list[dict]:
-    total, per_pod = _total_gpus(), _gpus_per_pod()
-    return [
-        _rule(f"{total} >= 1", "roles: the roles' gpus must add up to >= 1", ".roles"),
-        # gpusPerPod < 1 is refused by its own minimum; the guard keeps CEL from dividing by 0.
-        _rule(
-            f"{per_pod} < 1 || {total} % {per_pod} == 0",
-            "placement.gpusPerPod: the job's total GPUs (the sum of the roles' gpus) must be a "
-            "multiple of gpusPerPod",
-            ".placement",
-        ),
-        _rule(
-            "self.algorithm == 'ppo' || !has(self.roles.critic)",
-            "roles.critic: only ppo uses a critic",
-            ".roles",
-        ),
-        _rule("self.algorithm != 'ppo' || has(self.roles.critic)", "roles.critic: ppo needs a critic role", ".roles"),
-        _rule(
-            "self.algorithm == 'dpo' || has(self.roles.reward)",
-            "roles.reward: ppo and grpo need a reward role (a model or a function)",
-            ".roles",
-        ),
-        _rule(
-            "self.algorithm != 'dpo' || !has(self.roles.reward)",
-            "roles.reward: dpo learns from preference pairs and uses no reward role",
-            ".roles",
-        ),
-        _rule(
-            f"!has(self.elastic) || {per_pod} < 1 || self.elastic.minWorkers <= {total} / {per_pod}",
-            "elastic.minWorkers: must be <= the job's pods (total GPUs / gpusPerPod)",
-            ".elastic",
-        ),
-        _rule(
-            f"!has(self.elastic) || {per_pod} < 1 || self.elastic.maxWorkers >= {total} / {per_pod}",
-            "elastic.maxWorkers: must be >= the job's pods (total GPUs / gpusPerPod)",
-            ".elastic",
-        ),
-        _rule(
-            "!has(self.elastic) || "
-            + " && ".join(
-                f"(!has(self.roles.{name}) || !has(self.roles.{name}.gpus) || self.roles.{name}.gpus == 0)"
-                for name in ("critic", "reward", "reference")
-            ),
-            "elastic: only the actor's data-parallel group resizes; the other roles must "
-            "colocateWith the actor or have gpus: 0",
-            ".elastic",
-        ),
-    ]
-
-
-def _immutable(field: str) -> list[dict]:
-    return [
-        _rule(
-            "self == oldSelf",
-            f"{field} is immutable: it defines the run; create a new RLTrainingJob instead",
-        )
-    ]
-
-
-MODEL_RULES: dict[str, list[dict]] = {
-    "ModelSpec": [_rule("has(self.path) != has(self.config)", "exactly one of path and config must be set")],
-    "RoleSpec": [
-        _rule("has(self.gpus) != has(self.colocateWith)", "exactly one of gpus and colocateWith must be set")
-    ],
-    "RolesSpec": _roles_rules(),
-    "BatchingSpec": [
-        _rule(
-            "self.maxMicroBatch >= self.minMicroBatch",
-            "maxMicroBatch: must be >= minMicroBatch",
-            ".maxMicroBatch",
-        )
-    ],
-    "ElasticSpec": [
-        _rule("self.maxWorkers >= self.minWorkers", "maxWorkers: must be >= minWorkers", ".maxWorkers")
-    ],
-    "VolumeSpec": [
-        _rule("has(self.claimName) != has(self.hostPath)", "exactly one of claimName and hostPath must be set")
-    ],
-    "Toleration": [
-        _rule(
-            "self.operator != 'Exists' || !has(self.value) || self.value == ''",
-            "value: must be empty when operator is Exists",
-            ".value",
-        ),
-        _rule("has(self.key) || self.operator == 'Exists'", "operator: must be Exists when key is unset", ".operator"),
-        _rule(
-            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-            "tolerationSeconds: only applies to effect NoExecute",
-            ".tolerationSeconds",
-        ),
-    ],
-    "RLTrainingJobSpec": _spec_rules(),
-}
-
-FIELD_RULES: dict[tuple[str, str], list[dict]] = {
-    ("RLTrainingJobSpec", "algorithm"): _immutable("algorithm"),
-    ("RLTrainingJobSpec", "model"): _immutable("model"),
-    ("RLTrainingJobSpec", "roles"): _immutable("roles"),
-    ("RLTrainingJobSpec", "volumes"): [
-        _rule(
-            "self.all(v, self.exists_one(w, w.mountPath == v.mountPath))",
-            "each mountPath must be unique",
-        ),
-        _rule("self.all(v, v.name != 'checkpoints')", "name 'checkpoints' is reserved for the checkpoint volume"),
-    ],
-    ("RunPolicySpec", "failOnExitCodes"): [
-        _rule(
-            "!self.exists(c, c == 143)",
-            "must not contain 143: that code means stopped by SIGTERM after a checkpoint",
-        )
-    ],
-}
-
-# Volumes are keyed by name (unique names, merge-friendly).
-LIST_MAP_KEYS: dict[tuple[str, str], list[str]] = {("RLTrainingJobSpec", "volumes"): ["name"]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from rlkube.operator.api_limits import (
     QUANTITY_MAX_LEN,
     QUANTITY_PATTERN,
 )
+from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
     MAX_PATH_LEN,
@@ -394,6 +395,7 @@ class RLTrainingJobSpec(Spec):
                 problems.append(f"roles.{name}.function: only the reward role takes a function")
             if role.function is not None and role.model is not None:
                 problems.append(f"roles.{name}: set model or function, not both")
+        problems.extend(algorithm_setting_problems(self))
         total = self.total_gpus()
         if total < 1:
             problems.append(f"roles: the roles' gpus must add up to >= 1, got {total}")

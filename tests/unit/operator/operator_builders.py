@@ -19,9 +19,10 @@ UID = "0000-job-uid"
 
 TINY_MODEL = {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
                          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}}
+REWARD_MODEL = {"path": "/models/reward"}  # a reward role needs a model or a function
 ROLES = {
     "dpo": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
-    "ppo": {"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1},
+    "ppo": {"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1, "model": REWARD_MODEL},
             "reference": {"colocateWith": "actor"}},
 }
 

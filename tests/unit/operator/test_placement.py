@@ -315,7 +315,7 @@ def test_request_from_api_spec() -> None:
     spec = parse_spec({
         "algorithm": "ppo", "image": "localhost/rlkube/runtime-cpu:dev",
         "model": {"config": {"model_type": "qwen2"}},
-        "roles": {"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1},
+        "roles": {"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1, "model": {"path": "/m"}},
                   "reference": {"colocateWith": "actor"}},
         "data": {"source": "synthetic", "format": "synthetic"},
         "placement": {"gpusPerPod": 2, "policy": "required"},

@@ -46,7 +46,8 @@ def test_objects_and_deterministic_names():
 
 def test_longest_job_name_gives_dns_label_pod_names():
     name = "j" * MAX_JOB_NAME_LEN
-    s = parse_spec(spec("ppo", roles={"actor": {"gpus": 1}, "critic": {"gpus": 1}, "reward": {"gpus": 1},
+    s = parse_spec(spec("ppo", roles={"actor": {"gpus": 1}, "critic": {"gpus": 1},
+                                      "reward": {"gpus": 1, "model": {"path": "/models/reward"}},
                                       "reference": {"gpus": 1}}))
     for pod_name in render.pod_names(name, s):
         assert len(pod_name) <= 63

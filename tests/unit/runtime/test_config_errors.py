@@ -41,8 +41,39 @@ def test_errors_name_the_field_path(tmp_path, extra, path):
     assert str(tmp_path / "run.yaml") in str(e.value)
 
 
+GRPO = """
+algorithm: grpo
+model: {config: {model_type: qwen2}}
+roles: {actor: {gpus: 1}, reward: {gpus: 0, function: 'rlkube.runtime.rewards:target_pattern'}}
+data: {source: x, format: synthetic}
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, path",
+    [
+        ("training: {kl: 0.1}", "training.kl"),
+        ("training: {groupSize: 1}", "training.groupSize"),
+        ("rollout: {temperature: 0}", "rollout.temperature"),
+        ("batching: {targetUtilization: 0.5}", "batching.targetUtilization"),
+        ("batching: {maxTokensPerGpu: 999}", "batching.maxTokensPerGpu"),
+    ],
+)
+def test_settings_grpo_cannot_honour_are_refused_at_start(tmp_path, extra, path):
+    # The same rules as `rlkube validate` and the CRD (rlkube.runtime.contract.algorithm_settings).
+    assert load_config(write(tmp_path, GRPO)).algorithm == "grpo"
+    with pytest.raises(ConfigError, match=f"{path}: "):
+        load_config(write(tmp_path, GRPO + extra + "\n"))
+
+
+def test_a_reward_role_without_function_or_model_is_refused_at_start(tmp_path):
+    text = GRPO.replace("{gpus: 0, function: 'rlkube.runtime.rewards:target_pattern'}", "{gpus: 1}")
+    with pytest.raises(ConfigError, match="roles.reward: set function"):
+        load_config(write(tmp_path, text))
+
+
 def test_dpo_with_a_reward_role_is_rejected(tmp_path):
-    text = GOOD.replace("reference: {colocateWith: actor}", "reward: {gpus: 1}")
+    text = GOOD.replace("reference: {colocateWith: actor}", "reward: {gpus: 1, model: {path: /models/reward}}")
     with pytest.raises(ConfigError, match="roles.reward"):
         load_config(write(tmp_path, text))
 

@@ -95,7 +95,8 @@ class RoleSpec(Spec):
     model: ModelSpec | None = Field(
         default=None,
         description="This role's own model. Unset: the reference copies the actor's model; the "
-        "critic uses the actor's model with a value head.",
+        "critic uses the actor's model with a value head; the reward role needs either a model "
+        "or a function.",
     )
     function: str | None = Field(
         default=None,
@@ -217,7 +218,10 @@ class DataFields(Spec):
 
 
 class DataSpec(Spec):
-    """Where training data comes from and how it is batched into tokens."""
+    """Where training data comes from and how it is batched into tokens.
+
+    packing, lengthBucketing, prefetch and lengthMix apply to DPO only: PPO and GRPO generate
+    from left-padded prompts taken inside the step."""
 
     source: str = Field(
         max_length=MAX_PATH_LEN,
@@ -248,30 +252,44 @@ class DataSpec(Spec):
     )
     packing: bool = Field(
         default=True,
-        description="Pack several samples into one row with per-sample position ids and a block "
-        "mask, so no compute is spent on padding.",
+        description="DPO only: pack several samples into one row with per-sample position ids and "
+        "a block mask, so no compute is spent on padding. PPO/GRPO never pack (they generate from "
+        "left-padded prompts); the setting has no effect on them.",
     )
     length_bucketing: bool = Field(
         default=True,
-        description="When packing is off: group samples of similar length into a micro-batch to cut "
-        "padding.",
+        description="DPO only, when packing is off: group samples of similar length into a "
+        "micro-batch to cut padding. PPO/GRPO do not bucket; the setting has no effect on them.",
     )
     prefetch: int = Field(
-        default=2, ge=0, le=64, description="Micro-batches prepared ahead on a background thread."
+        default=2,
+        ge=0,
+        le=64,
+        description="DPO only: micro-batches prepared ahead on a background thread. PPO/GRPO take "
+        "their prompts inside the step and accept only 2 (the default) or 0.",
     )
     num_samples: int = Field(
-        default=512, ge=1, le=100_000_000, description="Synthetic data only: number of samples."
+        default=512,
+        ge=1,
+        le=100_000_000,
+        description="Synthetic data only: number of samples (pairs for DPO, prompts for PPO/GRPO).",
     )
     length_mix: Literal["fixed", "longTailed"] = Field(
         default="fixed",
-        description="Synthetic data only: 'fixed' lengths, or a log-normal mix (median ~300 tokens, "
-        "tail past 2,000) capped at maxSeqLen.",
+        description="Synthetic preference pairs (DPO) only: 'fixed' lengths, or a log-normal mix "
+        "(median ~300 tokens, tail past 2,000) capped at maxSeqLen. PPO/GRPO's synthetic prompts "
+        "have lengths of their own and accept only 'fixed'.",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for data order and synthesis.")
 
 
 class BatchingSpec(Spec):
-    """How many samples make an optimizer step and how they are split into micro-batches."""
+    """How many samples make an optimizer step and how they are split into micro-batches.
+
+    globalBatch and maxMicroBatch apply to every algorithm. The rest drive DPO's adaptive
+    batcher: PPO and GRPO split a step into micro-batches of maxMicroBatch rows, as mode
+    'fixed' does, and refuse a value other than the default for minMicroBatch, maxTokensPerGpu
+    and targetUtilization."""
 
     global_batch: int = Field(
         default=32,
@@ -282,24 +300,38 @@ class BatchingSpec(Spec):
     )
     mode: Literal["fixed", "adaptive"] = Field(
         default="adaptive",
-        description="'fixed': micro-batches of maxMicroBatch samples. 'adaptive': micro-batch and "
-        "gradient accumulation chosen per step from a token budget, memory headroom and GPU "
-        "utilization.",
+        description="DPO only. 'fixed': micro-batches of maxMicroBatch samples. 'adaptive': "
+        "micro-batch and gradient accumulation chosen per step from a token budget, memory "
+        "headroom and GPU utilization. PPO/GRPO always use micro-batches of maxMicroBatch rows, "
+        "as 'fixed' does; 'adaptive' has no effect on them.",
     )
-    min_micro_batch: int = Field(default=1, ge=1, le=65536, description="Smallest micro-batch (samples).")
-    max_micro_batch: int = Field(default=64, ge=1, le=65536, description="Largest micro-batch (samples).")
+    min_micro_batch: int = Field(
+        default=1,
+        ge=1,
+        le=65536,
+        description="DPO only: smallest micro-batch (samples) the adaptive batcher plans. PPO/GRPO "
+        "accept only 1 (the default).",
+    )
+    max_micro_batch: int = Field(
+        default=64,
+        ge=1,
+        le=65536,
+        description="All algorithms: largest micro-batch, in samples (DPO) or rollout rows "
+        "(PPO/GRPO: prompts x groupSize; their micro-batches are this size).",
+    )
     max_tokens_per_gpu: int = Field(
         default=16384,
         ge=64,
         le=16_777_216,
-        description="Token budget of one micro-batch on one GPU (packed tokens, or padded tokens "
-        "when packing is off).",
+        description="DPO only: token budget of one micro-batch on one GPU (packed tokens, or "
+        "padded tokens when packing is off). PPO/GRPO accept only the default (16384).",
     )
     target_utilization: float = Field(
         default=0.9,
         gt=0.0,
         le=1.0,
-        description="Adaptive mode: fraction of device memory the batcher may plan to use.",
+        description="DPO only, adaptive mode: fraction of device memory the batcher may plan to "
+        "use. PPO/GRPO accept only the default (0.9).",
     )
 
     @model_validator(mode="after")
@@ -332,7 +364,12 @@ class TrainingSpec(Spec):
         description="GRPO clip-higher: upper clip epsilon (defaults to clip).",
     )
     value_clip: float = Field(default=0.2, gt=0.0, le=1e6, description="PPO: value loss clip range.")
-    kl: float = Field(default=0.0, ge=0.0, le=100.0, description="PPO/GRPO: KL coefficient to the reference.")
+    kl: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=100.0,
+        description="PPO/GRPO: KL coefficient to the reference; > 0 needs roles.reference.",
+    )
     kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="PPO/GRPO: KL estimator.")
     kl_in_reward: bool = Field(
         default=False, description="PPO: subtract the KL from the reward (True) or add it as a loss (False)."
@@ -340,7 +377,13 @@ class TrainingSpec(Spec):
     entropy_coef: float = Field(default=0.0, ge=0.0, le=10.0, description="PPO/GRPO: entropy bonus.")
     gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="PPO: GAE discount.")
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda", description="PPO: GAE lambda.")
-    group_size: int = Field(default=4, ge=1, le=1024, description="GRPO: completions sampled per prompt.")
+    group_size: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="GRPO: completions sampled per prompt; at least 2, since advantages are rewards "
+        "relative to the group's mean.",
+    )
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
 
@@ -349,7 +392,13 @@ class RolloutSpec(Spec):
     """Generation settings for PPO and GRPO rollouts."""
 
     max_new_tokens: int = Field(default=64, ge=1, le=1_048_576, description="Longest completion.")
-    temperature: float = Field(default=1.0, ge=0.0, le=100.0, description="Sampling temperature; 0 is greedy.")
+    temperature: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=100.0,
+        description="Sampling temperature; 0 is greedy (PPO only: GRPO's completions of one prompt "
+        "would all be the same).",
+    )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(default=0, ge=0, le=1_000_000, description="Top-k sampling; 0 turns it off.")
 
@@ -394,7 +443,13 @@ class RuntimeConfig(Spec):
 
     @model_validator(mode="after")
     def _algorithm_roles(self) -> RuntimeConfig:
+        # Imported here: that module builds its table from this module's models.
+        from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
+
         validate_algorithm_roles(self.algorithm, self.roles)
+        problems = algorithm_setting_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         if self.device_map is None:
             self.device_map = device_map(self.roles)
         return self
@@ -410,3 +465,4 @@ def validate_algorithm_roles(algorithm: str, roles: RolesSpec) -> None:
         raise ValueError(f"roles.reward: {algorithm} needs a reward role (a model or a function)")
     if algorithm == "dpo" and roles.reward is not None:
         raise ValueError("roles.reward: dpo learns from preference pairs and uses no reward role")
+

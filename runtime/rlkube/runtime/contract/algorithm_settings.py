@@ -1,0 +1,125 @@
+"""Settings the chosen algorithm cannot honour, refused when the config is validated.
+
+One table and one function serve the runtime (`RuntimeConfig`, so the trainer refuses them at
+start with exit 3) and the operator (`RLTrainingJobSpec`, so `rlkube validate` refuses them);
+`rlkube.operator.crd` builds the CRD's CEL rules from the same table and defaults, so the API
+server gives the same verdict at admission.
+
+The rules:
+- The reward role of PPO/GRPO has a function or a model.
+- PPO/GRPO with training.kl > 0 need a reference role (the trainer would have nothing to take
+  the KL to). DPO never reads training.kl.
+- GRPO needs groupSize >= 2 and a temperature > 0: its advantages are rewards relative to the
+  group's mean, so a group of one, or a group of identical greedy completions, learns nothing.
+  PPO has no groups and may roll out greedily.
+- PPO/GRPO refuse values of the DPO-only data and batching fields (`DPO_ONLY_FIELDS`) other
+  than those that say what they do anyway, instead of ignoring them silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic.alias_generators import to_camel
+
+from rlkube.runtime.contract.config import BatchingSpec, DataSpec, RolesSpec, RolloutSpec, TrainingSpec
+
+
+class AlgorithmSettings(Protocol):
+    """What the rules read: RuntimeConfig and the operator's RLTrainingJobSpec both fit."""
+
+    algorithm: str
+    roles: RolesSpec
+    data: DataSpec
+    batching: BatchingSpec
+    training: TrainingSpec
+    rollout: RolloutSpec
+
+
+@dataclass(frozen=True)
+class DpoOnlyField:
+    """A data or batching field only the DPO trainer reads, and the values PPO/GRPO accept.
+
+    The rule is on the value, not on whether the user wrote the field: the CRD declares each
+    field's default, so the API server's CEL sees the default either way. Accepted are the
+    default and any value that says what PPO/GRPO do anyway (prefetch 0: no prefetch thread)."""
+
+    section: Literal["data", "batching"]
+    name: str  # the Python name; `path` uses the camelCase one
+    accepted: tuple[Any, ...]  # the default first
+    why: str
+
+    @property
+    def wire(self) -> str:
+        return to_camel(self.name)
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.wire}"
+
+    def valid(self) -> str:
+        """What PPO/GRPO accept, as the error messages say it."""
+        shown = " or ".join(repr(value) for value in self.accepted)
+        return f"ppo and grpo accept only {shown} (leave it unset)"
+
+
+def _dpo_only(section: Literal["data", "batching"], name: str, why: str, *also: Any) -> DpoOnlyField:
+    model = DataSpec if section == "data" else BatchingSpec
+    return DpoOnlyField(section, name, (model.model_fields[name].default, *also), why)
+
+
+_ROWS = "PPO/GRPO micro-batches are batching.maxMicroBatch rows"
+
+# batching.mode, data.packing and data.lengthBucketing are not here: their defaults ('adaptive',
+# true, true) cannot be told from unset, and their other value ('fixed', false) is what PPO/GRPO
+# do anyway. Their descriptions say which algorithms read them.
+DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
+    _dpo_only("batching", "min_micro_batch", f"{_ROWS}; the adaptive batcher's smallest micro-batch is DPO's"),
+    _dpo_only("batching", "max_tokens_per_gpu", f"{_ROWS}; the adaptive batcher's token budget is DPO's"),
+    _dpo_only("batching", "target_utilization", f"{_ROWS}; the adaptive batcher's memory target is DPO's"),
+    _dpo_only("data", "prefetch", "PPO/GRPO take their prompts inside the step; the prefetch thread is DPO's", 0),
+    _dpo_only(
+        "data", "length_mix", "PPO/GRPO's synthetic prompts have lengths of their own; lengthMix shapes DPO's pairs"
+    ),
+)
+
+
+def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
+    """Settings `spec.algorithm` cannot honour, one 'path: what would be valid' line each.
+
+    Empty when there are none. Paths are relative to the spec (training.kl, rollout.temperature),
+    as the operator's and the runtime's error formatters expect.
+    """
+    if spec.algorithm == "dpo":
+        return []
+    problems: list[str] = []
+    reward = spec.roles.reward
+    # There is no default reward: the actor's model has no reward head to fall back on. (DPO
+    # refuses a reward role altogether, in validate_algorithm_roles.)
+    if reward is not None and reward.function is None and reward.model is None:
+        problems.append(
+            "roles.reward: set function (a rule-based reward, 'package.module:function') or model "
+            "(a reward model); it has neither"
+        )
+    training = spec.training
+    if training.kl > 0 and spec.roles.reference is None:
+        problems.append(
+            f"training.kl: {training.kl} > 0 needs roles.reference, the frozen policy the KL is taken "
+            "to: add reference: {colocateWith: actor}, or set kl to 0"
+        )
+    if spec.algorithm == "grpo" and training.group_size < 2:
+        problems.append(
+            f"training.groupSize: grpo needs >= 2 completions per prompt, got {training.group_size}: "
+            "advantages are rewards relative to the group's mean, so a group of one learns nothing"
+        )
+    if spec.algorithm == "grpo" and spec.rollout.temperature == 0:
+        problems.append(
+            "rollout.temperature: grpo needs > 0, got 0: greedy decoding makes every completion of a "
+            "group the same, so every advantage is 0"
+        )
+    for field in DPO_ONLY_FIELDS:
+        value = getattr(getattr(spec, field.section), field.name)
+        if all(value != accepted for accepted in field.accepted):
+            problems.append(f"{field.path}: {field.valid()}, got {value!r}: {field.why}")
+    return problems

@@ -1,11 +1,12 @@
-"""pytest fixtures for tests that need a real cluster: `control_plane` and `cluster`.
+"""pytest fixtures for tests that need a real cluster: `control_plane`, `cluster` and `kueue`.
 
 Both are session-scoped. Each reuses a cluster that is already up (its kubeconfig answers:
 `make cluster-up`, or another test session on this machine) and otherwise starts one and tears
 it down at the end of the session, unless another session still uses it. A cluster that cannot
 start is a test error with the reason, never a skip; a developer without the harness can set
 RLKUBE_SKIP_CLUSTER=1 to skip these tests on purpose. RLKUBE_KEEP_CLUSTER=1 keeps a cluster the
-session started (faster reruns).
+session started (faster reruns). `kueue` adds Kueue (tests/cluster/kueue.py) to the control plane
+the same way: reused when it runs, stopped by the last session that uses it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from . import bins, images, kind, kwok
+from . import kueue as kueue_harness
 from .api import Client
 from .cluster import backend, down, locked, logs_kept, up
 from .controlplane import admin_client
@@ -75,13 +77,13 @@ class Cluster:
         return archive.ref
 
 
-def _users(layout: Layout) -> Path:
-    return layout.state / "users"
+def _users(layout: Layout, of: str = "users") -> Path:
+    return layout.state / of
 
 
-def _live_users(layout: Layout) -> list[int]:
+def _live_users(layout: Layout, of: str = "users") -> list[int]:
     live = []
-    for f in _users(layout).glob("*") if _users(layout).exists() else []:
+    for f in _users(layout, of).glob("*") if _users(layout, of).exists() else []:
         pid = int(f.name)
         if Path(f"/proc/{pid}").exists():
             live.append(pid)
@@ -125,3 +127,27 @@ def control_plane():
 def cluster():
     """Control plane plus >= 2 Ready kubelet nodes with labels, fake GPUs and cluster DNS."""
     yield from _session_cluster("full")
+
+
+@pytest.fixture(scope="session")
+def kueue(control_plane):
+    """Kueue (CRDs, webhooks, manager) running against the control plane; yields that cluster."""
+    layout, users = control_plane.layout, "kueue-users"
+    with locked(layout):
+        try:
+            kueue_harness.start(layout)
+        except Exception as err:
+            raise RuntimeError(
+                f"Kueue could not start: {err}\nits log: {layout.state / 'logs' / 'kueue.log'}"
+            ) from err
+        _users(layout, users).mkdir(parents=True, exist_ok=True)
+        (_users(layout, users) / str(os.getpid())).touch()
+    try:
+        yield control_plane
+    finally:
+        with locked(layout):
+            (_users(layout, users) / str(os.getpid())).unlink(missing_ok=True)
+            # Whoever started it, the last session using Kueue stops it (and unregisters its
+            # webhooks), so a kept cluster is never left with webhooks nobody serves.
+            if not _live_users(layout, users) and os.environ.get("RLKUBE_KEEP_CLUSTER") != "1":
+                kueue_harness.stop(layout)

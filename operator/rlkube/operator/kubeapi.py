@@ -19,12 +19,14 @@ from urllib.parse import quote, urlencode
 
 import urllib3
 
+from rlkube.operator import kueue_workload
 from rlkube.operator.api import GROUP, PLURAL, VERSION
 from rlkube.runtime.contract.pod import LABEL_JOB
 
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
 FIELD_MANAGER = "rlkube-operator"
+WORKLOADS = f"/apis/{kueue_workload.API_VERSION}"
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
@@ -196,6 +198,42 @@ class KubeAPI:
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
             return self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/{self._PATHS[kind]}/{quote(name)}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- Kueue (docs/kueue.md) -----------------------------------------------------------------
+
+    def get_workload(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.request("GET", f"{WORKLOADS}/namespaces/{quote(namespace)}/workloads/{quote(name)}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_workload(self, workload: Mapping[str, Any]) -> None:
+        """Create a job's Workload; one that exists already is the same (its name is the job's)."""
+        namespace = workload["metadata"]["namespace"]
+        try:
+            self.request("POST", f"{WORKLOADS}/namespaces/{quote(namespace)}/workloads", body=workload,
+                         query={"fieldManager": FIELD_MANAGER})
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ApiError(404, "NotFound", f"the job is labelled kueue.x-k8s.io/queue-name but this cluster "
+                               f"does not serve {kueue_workload.API_VERSION} Workloads: is Kueue installed?") from exc
+            if exc.status != 409:
+                raise
+
+    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge patch with the Workload's resourceVersion inside: Conflict when Kueue wrote since."""
+        self.request("PATCH", f"{WORKLOADS}/namespaces/{quote(namespace)}/workloads/{quote(name)}/status",
+                     body=patch, content_type="application/merge-patch+json", query={"fieldManager": FIELD_MANAGER})
+
+    def priority_class_value(self, name: str) -> int | None:
+        try:
+            return int(self.request("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{quote(name)}")["value"])
         except ApiError as exc:
             if exc.status == 404:
                 return None

@@ -70,6 +70,20 @@ RULES: tuple[Rule, ...] = (
     Rule("", "events", "watched", {
         "create": "an Event on the job for every decision (placed, admitted, restarted, failed...)",
     }),
+    Rule("kueue.x-k8s.io", "workloads", "watched", {
+        "get": "a job labelled kueue.x-k8s.io/queue-name: its Workload is read on every reconcile "
+        "(admitted, evicted, or why it waits)",
+        "create": "the Workload that queues such a job in Kueue (deterministic name rltj-<job>; "
+        "removed with the job by ownerReference GC)",
+    }),
+    Rule("kueue.x-k8s.io", "workloads/status", "watched", {
+        "patch": "handing the quota back: Finished when the job ends, admission cleared after Kueue "
+        "evicted it and its pods are gone (with resourceVersion, never over Kueue's newer write)",
+    }),
+    Rule("scheduling.k8s.io", "priorityclasses", "cluster", {
+        "get": "a queued job's Workload carries the value of its priorityClassName (Kueue orders "
+        "and preempts by it)",
+    }),
     Rule("", "nodes", "cluster", {
         "list": "GPU inventory: allocatable nvidia.com/gpu, readiness, taints and topology labels",
     }),

@@ -7,7 +7,8 @@ inventory, and applies the decision in the order that keeps every crash recovera
 
 1. status (merge patch with the job's resourceVersion: a stale decision fails with Conflict and
    is recomputed, never recorded);
-2. pod deletions; 3. creations (AlreadyExists is success: names are deterministic);
+2. a queued job's Kueue Workload: created, or its status written (release, finish);
+   then pod deletions; 3. creations (AlreadyExists is success: names are deterministic);
 4. gate removals (JSON patch with `test` ops: only that attempt's pod, only our gate);
 5. Events; 6. deleting the job itself (ttlSecondsAfterFinished, with a uid precondition).
 """
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlkube.operator import render
+from rlkube.operator import kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
 from rlkube.operator.kubeapi import KubeAPI
 from rlkube.operator.lifecycle import Decision, Settings, cluster_view, decide
@@ -151,8 +152,9 @@ class Reconciler:
             objs = [p for p in self.api.list_pods(namespace, f"{LABEL_JOB}={name}") if owned_by(p, job.ref.uid)]
             pods = pod_views(objs)
             report = (self._poll(job, pods) if poll_progress else None) or final_report(job, pods)
+            kueue = self._kueue(job)
             now = self.clock()
-            decision = decide(job, pods, now, None, report, self.settings)
+            decision = decide(job, pods, now, None, report, self.settings, *kueue)
             if not decision.need_cluster:
                 self.apply(job, decision)
             else:
@@ -160,7 +162,7 @@ class Reconciler:
                 # enter the inventory's ledger before the lock is released, so the next plan counts
                 # them even while their creates are still in flight (see InventoryCache).
                 with self._inventory_lock:
-                    decision = self._decide_on_inventory(job, pods, objs, now, report)
+                    decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
                     self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
 
                 created = [o for o in decision.create if o["kind"] == "Pod"]
@@ -176,8 +178,18 @@ class Reconciler:
         finally:
             self.metrics.observe_reconcile(action, time.monotonic() - started)
 
+    def _kueue(self, job: JobView) -> tuple[dict | None, int | None]:
+        """(the job's Workload, the value of its priority class) for a job queued in Kueue."""
+        if job.spec is None or kueue_workload.queue_of(job.ref) is None:
+            return None, None
+        workload = self.api.get_workload(job.namespace, kueue_workload.workload_name(job.name))
+        priority = None
+        if workload is None and job.spec.priority_class_name:
+            priority = self.api.priority_class_value(job.spec.priority_class_name)
+        return workload, priority
+
     def _decide_on_inventory(self, job: JobView, pods: list, objs: list[dict], now: dt.datetime,
-                             report: Mapping[str, Any] | None) -> Decision:
+                             report: Mapping[str, Any] | None, kueue: tuple[dict | None, int | None]) -> Decision:
         """Decide with the GPU inventory (caller holds the inventory lock).
 
         A decision that ends a healthy attempt because of the inventory (an elastic grow, a gang
@@ -187,7 +199,7 @@ class Reconciler:
         def on(listing: tuple[list[dict], list[dict], list[dict]]) -> Decision:
             nodes, bound, planned = listing
             cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs)
-            return decide(job, pods, now, cluster, report, self.settings)
+            return decide(job, pods, now, cluster, report, self.settings, *kueue)
 
         decision = on(self.inventory.get())
         if decision.action == "replan" and not self.inventory.is_fresh:
@@ -209,6 +221,10 @@ class Reconciler:
         patch = status_patch(job.status, decision.status)
         if patch:
             self.api.patch_job_status(ns, name, job.resource_version, patch)
+        if decision.workload is not None:
+            self.api.create_workload(decision.workload)
+        if decision.workload_status is not None:
+            self.api.patch_workload_status(ns, kueue_workload.workload_name(name), decision.workload_status)
         for pod in decision.delete:
             self.api.delete_pod(ns, pod)
         pods = [obj for obj in decision.create if obj["kind"] == "Pod"]

@@ -14,6 +14,8 @@ The rules, in the order they are checked:
    ttlSecondsAfterFinished the job itself is deleted (its children go by ownerReference GC).
 3. activeDeadlineSeconds since startTime: Failed (DeadlineExceeded).
 4. runPolicy.suspend: the gang is torn down, Suspended. Clearing it resumes with a new plan.
+   4b. A job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until Kueue
+   admits its Workload; evicted by Kueue, its gang is torn down and the quota handed back.
 5. Pods of an older attempt are deleted and waited for (pod names are reused by the next
    attempt, so at most one pod per index ever exists). Then the restart backoff is waited out.
 6. No plan for this attempt: plan (`placement.plan_placement`; an elastic job at the largest
@@ -31,7 +33,7 @@ The rules, in the order they are checked:
 A gang teardown always bumps `attempt` in the same status write that records why, before any
 pod is deleted; pods carry their attempt as a label, so "stale" is a fact anyone can check.
 
-Where each rule lives: `rules` (the entry point, rules 1-5), `admission` (6, 7), `repair` and
+Where each rule lives: `rules` (the entry point, rules 1-5), `queue` (4b), `admission` (6, 7), `repair` and
 `outcome` (8: an admitted gang that is not whole, then what its pods add up to). `decider` holds
 the state being decided and the outcome builders they share; `cluster` what planning sees.
 """

@@ -69,8 +69,11 @@ class Decider:
     """The observed facts of one decision and the state being decided, with its outcome builders."""
 
     def __init__(self, job: JobView, pods: list[PodView], now: dt.datetime, cluster: Cluster | None,
-                 progress: Mapping[str, Any] | None, settings: Settings, state: AttemptState) -> None:
+                 progress: Mapping[str, Any] | None, settings: Settings, state: AttemptState,
+                 workload: Mapping[str, Any] | None = None, priority: int | None = None) -> None:
         self.job = job
+        self.workload = workload    # the job's Kueue Workload as observed (None: there is none)
+        self.priority = priority    # the value of spec.priorityClassName, for a new Workload
         self.pods = pods
         self.now = now
         self.cluster = cluster
@@ -137,6 +140,8 @@ class Decider:
         ungate: Sequence[Ungate] = (),
         delete_job: bool = False,
         requeue_after: float | None = None,
+        workload: dict | None = None,
+        workload_status: dict | None = None,
     ) -> Decision:
         s = self.s
         lifecycle = Lifecycle(
@@ -164,6 +169,8 @@ class Decider:
             events=tuple(s.events),
             requeue_after=requeue_after,
             action=action,
+            workload=workload,
+            workload_status=workload_status,
         )
 
     def fail(self, reason: str, message: str) -> Decision:

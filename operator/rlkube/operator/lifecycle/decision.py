@@ -46,6 +46,8 @@ class Decision:
     requeue_after: float | None = None          # seconds; None: wait for the next event or resync
     need_cluster: bool = False                  # call again with `cluster` (nodes and pods listed)
     action: str = "wait"                        # one word, for logs and metrics
+    workload: dict | None = None                # a Kueue Workload to create (docs/kueue.md)
+    workload_status: dict | None = None         # a merge patch for the job's Workload's status
 
 
 # Asked for when a rule needs the GPU inventory and the caller did not list it (listing nodes and

@@ -1,8 +1,8 @@
 """The lifecycle's entry point and the rules about the job as a whole. Pure.
 
 `decide` checks rules 1-5 of the package docstring here (invalid spec, finished, deadline,
-suspend, pods of earlier attempts and the restart backoff) and hands the gang of this attempt to
-the phase it is in: `admission` (no plan, or a plan not admitted yet), then `repair` and
+suspend, pods of earlier attempts and the restart backoff), asks `queue` whether Kueue admitted a
+queued job, and hands the gang of this attempt to the phase it is in: `admission` (no plan, or a plan not admitted yet), then `repair` and
 `outcome` (admitted).
 """
 
@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rlkube.operator.lifecycle import admission, outcome, repair
+from rlkube.operator import kueue_workload as kw
+from rlkube.operator.lifecycle import admission, outcome, queue, repair
 from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decider import AttemptState, Decider
 from rlkube.operator.lifecycle.decision import Decision, Settings
@@ -28,10 +29,15 @@ def decide(
     cluster: Cluster | None = None,
     progress: Mapping[str, Any] | None = None,
     settings: Settings = Settings(),
+    workload: Mapping[str, Any] | None = None,
+    priority: int | None = None,
 ) -> Decision:
-    """What to do next for `job`, whose owned pods are `pods` (see the package docstring)."""
+    """What to do next for `job`, whose owned pods are `pods` (see the package docstring).
+
+    `workload` is the job's Kueue Workload when it has one, `priority` the value of its
+    priorityClassName (a new Workload carries it); both matter only for a queued job."""
     state = AttemptState.from_status(job.status)
-    return _decide(Decider(job, list(pods), now, cluster, progress, settings, state))
+    return _decide(Decider(job, list(pods), now, cluster, progress, settings, state, workload, priority))
 
 
 def _decide(d: Decider) -> Decision:
@@ -59,6 +65,9 @@ def _decide(d: Decider) -> Decision:
         return _suspended(d)
     if d.old_phase == "Suspended":
         d.event("Normal", "Resumed", "runPolicy.suspend cleared: re-planning the gang")
+    queued = queue.admitted_or_decide(d)
+    if queued is not None:
+        return queued
 
     stale = [p for p in d.pods if p.attempt != s.attempt]
     if stale:
@@ -93,10 +102,15 @@ def _gang(d: Decider) -> Decision:
 
 
 def _finished(d: Decider) -> Decision:
-    """Succeeded/Failed are final: remaining pods go; after ttlSecondsAfterFinished, the job too."""
+    """Succeeded/Failed are final: remaining pods go; after ttlSecondsAfterFinished, the job too.
+    A queued job's Workload is marked Finished, which gives its quota back to the queue."""
     s, spec = d.s, d.job.spec
     cond = condition(d.job.status, s.phase) or {}
     reason, message = str(cond.get("reason") or s.phase), str(cond.get("message") or "")
+    if d.workload is not None and not kw.observe_workload(d.workload).finished:
+        return d.finish(s.phase, reason, message, action="release", delete=[p.name for p in d.active()],
+                        workload_status=kw.finish_patch(d.workload, s.phase == "Succeeded", message or reason,
+                                                        d.now))
     ttl = spec.run_policy.ttl_seconds_after_finished
     done = parse_time(s.completion_time)
     if ttl is not None and done is not None:

@@ -195,12 +195,22 @@ def _algorithm_setting_rules() -> list[dict]:
     kl = _spec_field("training", TrainingSpec, "kl")
     group_size = _spec_field("training", TrainingSpec, "group_size")
     temperature = _spec_field("rollout", RolloutSpec, "temperature")
+    estimator = _spec_field("training", TrainingSpec, "kl_estimator")
+    in_reward = _spec_field("training", TrainingSpec, "kl_in_reward")
     rules = [
         _rule(
             f"self.algorithm == 'dpo' || {kl} == 0.0 || has(self.roles.reference)",
             "training.kl: > 0 needs roles.reference, the frozen policy the KL is taken to: add "
             "reference: {colocateWith: actor}, or set kl to 0",
             ".training.kl",
+        ),
+        _rule(
+            f"(self.algorithm != 'ppo' && self.algorithm != 'grpo') || {kl} == 0.0 || {estimator} != 'k1' "
+            f"|| (self.algorithm == 'ppo' && {in_reward})",
+            "training.klEstimator: k1 cannot be a loss term (training.kl > 0, grpo or ppo with klInReward "
+            "false): its expected gradient on the policy's own samples is 0, so it never pulls the policy "
+            "to the reference; use k3 (or k2), or with ppo set klInReward",
+            ".training.klEstimator",
         ),
         _rule(
             f"self.algorithm != 'grpo' || {group_size} >= 2",

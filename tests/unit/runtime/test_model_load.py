@@ -20,6 +20,13 @@ def saved(tmp_path, tied):
     return model
 
 
+def without_accelerate(monkeypatch):
+    """These tests cover the loader's own path; with accelerate installed (the dev extras pull it in
+    through trl) load_pretrained would hand the work to from_pretrained with a device map instead."""
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+
+
 def spec(path):
     return ModelSpec.model_validate({"path": str(path), "dtype": "float32", "attention": "sdpa"})
 
@@ -32,6 +39,7 @@ def test_checkpoint_is_copied_into_a_model_built_on_the_device(tmp_path, monkeyp
         def no_host_load(*a, **k):
             raise AssertionError("from_pretrained would build a host copy first")
 
+        without_accelerate(monkeypatch)
         monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_host_load)
         model, _ = models.build_causal_lm(spec(where), torch.device("cpu"))
         monkeypatch.undo()
@@ -54,6 +62,7 @@ def test_unknown_tensor_names_fall_back_to_from_pretrained_with_a_warning(tmp_pa
         calls.append(a)
         return real(*a, **k)
 
+    without_accelerate(monkeypatch)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
     monkeypatch.setattr(models, "warn_once", lambda key, msg: calls.append(key))
     models.build_causal_lm(spec(tmp_path), torch.device("cpu"))

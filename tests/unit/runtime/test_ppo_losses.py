@@ -79,8 +79,10 @@ def test_kl_estimators():
     want_k3 = [math.exp(r - p) - (r - p) - 1 for p, r in zip([-1.0, -0.2], [-0.5, -0.9], strict=True)]
     assert k3.tolist() == pytest.approx(want_k3, abs=1e-6)
     assert (k3 >= 0).all()
+    k2 = kl_divergence(logp, ref, "k2")
+    assert k2.tolist() == pytest.approx([0.5 * (r - p) ** 2 for p, r in zip([-1.0, -0.2], [-0.5, -0.9], strict=True)])
     with pytest.raises(ValueError, match="klEstimator"):
-        kl_divergence(logp, ref, "k2")
+        kl_divergence(logp, ref, "k4")
 
 
 def test_k3_is_finite_on_extreme_ratios():

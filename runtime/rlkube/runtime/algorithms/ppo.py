@@ -1,17 +1,23 @@
 """PPO's losses: clipped policy loss, clipped value loss, KL to the reference, entropy bonus.
 
 Pure functions of tensors shaped `[batch, time]` with a response `mask` (1 on tokens the policy
-chose). Token-level losses are averaged over every valid token of the mini-batch ("token-mean"),
-so a long response weighs as many tokens as it has, and padding never enters a mean.
+chose). The actor's token-level terms are reduced by a loss aggregation (`aggregation.py`,
+training.lossAggregation), token-mean by default: a long response weighs as many tokens as it
+has, and padding never enters a mean. The value loss is always token-mean.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlkube.runtime.algorithms.advantages import masked_mean
+from rlkube.runtime.algorithms.aggregation import TOKEN_MEAN
+
+# (per-token values [B, T], mask [B, T]) -> scalar; an aggregation.LossAggregation
+Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # exp() of a log-ratio beyond this overflows float32 long before it means anything; the k3
 # estimator clamps there so one wild token cannot turn the KL into inf.
@@ -34,8 +40,9 @@ def policy_loss(
     mask: torch.Tensor,
     clip_low: float,
     clip_high: float | None = None,
+    aggregate: Aggregate = TOKEN_MEAN,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
-    """Clipped surrogate loss, token-mean.
+    """Clipped surrogate loss, reduced by `aggregate` (token-mean by default).
 
     ratio = exp(logprobs - old_logprobs);
     loss_t = max(-A_t * ratio_t, -A_t * clamp(ratio_t, 1 - clip_low, 1 + clip_high)).
@@ -50,7 +57,7 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask)
     with torch.no_grad():
         stats = PolicyLossStats(
             clip_fraction=float(masked_mean((clipped > unclipped).float(), mask)),
@@ -82,26 +89,55 @@ def value_loss(
     return loss, clip_fraction
 
 
-def kl_divergence(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from sampled tokens' log-probabilities.
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
-    k1: log p - log q (unbiased, high variance, can be negative per token).
-    k3: exp(log q - log p) - (log q - log p) - 1 (unbiased, always >= 0, low variance; Schulman).
+
+def kl_divergence(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from the log-probs of tokens sampled from pi.
+
+    With x ~ pi (the policy that sampled the rollout) and r = pi_ref(x) / pi(x), so
+    log r = ref_logprobs - logprobs (Schulman, "Approximating KL divergence", 2020):
+
+      k1 = -log r                 E_pi[k1] = KL(pi || pi_ref) (unbiased); negative on some tokens.
+      k2 = (log r)^2 / 2          biased (second order in log r), always >= 0, low variance.
+      k3 = (r - 1) - log r        E_pi[k3] = KL(pi || pi_ref) (unbiased), always >= 0, low variance.
+
+    As *values* (the KL in the reward, a metric) all three estimate KL(pi || pi_ref). As *loss
+    terms* differentiated through pi's log-probs on its own samples, their expected gradients
+    differ, since the sampling distribution is not differentiated:
+
+      k1: E_pi[grad log pi] = 0                  no gradient in expectation (refused as a loss).
+      k2: E_pi[-log r * grad log pi]             = grad KL(pi || pi_ref), the reverse KL.
+      k3: E_pi[(1 - r) grad log pi]              = -E_pi_ref[grad log pi] = grad KL(pi_ref || pi),
+                                                   the forward KL (verl's "low_var_kl", TRL's GRPO
+                                                   KL term); both KLs are 0 at pi = pi_ref.
     """
     log_ratio = ref_logprobs - logprobs
     if estimator == "k1":
         return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
     if estimator == "k3":
         log_ratio = torch.clamp(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
         return torch.exp(log_ratio) - log_ratio - 1.0
-    raise ValueError(f"training.klEstimator: must be 'k1' or 'k3', got {estimator!r}")
+    raise ValueError(f"training.klEstimator: must be one of {', '.join(KL_ESTIMATORS)}, got {estimator!r}")
 
 
 def kl_loss(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, estimator: str
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, estimator: str,
+    aggregate: Aggregate = TOKEN_MEAN,
 ) -> torch.Tensor:
-    """KL to the reference as a differentiable loss term, token-mean."""
-    return masked_mean(kl_divergence(logprobs, ref_logprobs, estimator), mask)
+    """KL to the reference as a differentiable loss term, reduced by `aggregate`.
+
+    k1 is refused: its expected gradient on the policy's own samples is 0 (see kl_divergence),
+    so it would log a KL while never pulling the policy towards the reference.
+    """
+    if estimator == "k1":
+        raise ValueError(
+            "training.klEstimator: k1 as a loss term has zero expected gradient on-policy; use k2 "
+            "(gradient of KL(pi || pi_ref)) or k3 (gradient of KL(pi_ref || pi)), or put the KL in the reward"
+        )
+    return aggregate(kl_divergence(logprobs, ref_logprobs, estimator), mask)
 
 
 @torch.no_grad()
@@ -149,24 +185,26 @@ def actor_loss(
     kl_estimator: str = "k3",
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    aggregate: Aggregate = TOKEN_MEAN,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The actor's whole objective: policy loss + kl_coef * KL loss - entropy_coef * entropy.
+    """The actor's whole objective: policy loss + kl_coef * KL loss - entropy_coef * entropy,
+    each term reduced by `aggregate` (training.lossAggregation).
 
     Pass ref_logprobs only when the KL is a loss term (PPO with klInReward false, GRPO); when the
     KL is already in the reward, leave it None. Returns (loss, metrics).
     """
-    loss, stats = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
+    loss, stats = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, aggregate)
     metrics = {
         "policy_loss": float(loss.detach()),
         "clip_fraction": stats.clip_fraction,
         "approx_kl": stats.approx_kl,
     }
     if ref_logprobs is not None and kl_coef:
-        kl = kl_loss(logprobs, ref_logprobs, mask, kl_estimator)
+        kl = kl_loss(logprobs, ref_logprobs, mask, kl_estimator, aggregate)
         loss = loss + kl_coef * kl
         metrics["kl"] = float(kl.detach())
     if entropy is not None:
-        mean_entropy = masked_mean(entropy, mask)
+        mean_entropy = aggregate(entropy, mask)
         metrics["entropy"] = float(mean_entropy.detach())
         if entropy_coef:
             loss = loss - entropy_coef * mean_entropy

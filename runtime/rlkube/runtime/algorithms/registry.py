@@ -1,10 +1,11 @@
-"""Named variants of the RL algorithms: advantage estimators, policy losses, and the recipes
-that pick one of each for an `algorithm` of the config.
+"""Named variants of the RL algorithms: advantage estimators, policy losses, loss aggregations,
+and the recipes that pick an estimator and a loss for an `algorithm` of the config.
 
 An advantage estimator turns a scored rollout into the tensors the losses train on; a policy
 loss is the actor's whole objective for one micro-batch. Both are registered by name
 (`register_adv_est`, `register_policy_loss`) and looked up by name, so a new variant is one
-decorated function here, not a new branch in the trainer. A recipe (`RLAlgorithm`) names the
+decorated function here, not a new branch in the trainer. Loss aggregations
+(`aggregation.py`) are registered by the names training.lossAggregation takes. A recipe (`RLAlgorithm`) names the
 estimator and the loss an `algorithm` uses and says which roles and data layout it needs:
 
   ppo  -> "gae" advantages (per-token rewards, values from a critic) + "ppo" clipped loss, critic
@@ -21,6 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from rlkube.runtime.algorithms.advantages import gae, whiten
+from rlkube.runtime.algorithms.aggregation import (
+    SEQ_MEAN_TOKEN_MEAN,
+    SEQ_MEAN_TOKEN_SUM,
+    TOKEN_MEAN,
+    LossAggregation,
+)
 from rlkube.runtime.algorithms.grpo import grpo_advantages
 from rlkube.runtime.algorithms.ppo import actor_loss, shaped_rewards
 from rlkube.runtime.contract.config import TrainingSpec
@@ -36,6 +43,7 @@ PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 _ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 _POLICY_LOSSES: dict[str, PolicyLoss] = {}
+_LOSS_AGGREGATIONS: dict[str, LossAggregation] = {}
 
 
 def _register(table: dict, kind: str, name: str):
@@ -62,6 +70,23 @@ def register_adv_est(name: str):
 def register_policy_loss(name: str):
     """Decorator: register a policy loss under `name`."""
     return _register(_POLICY_LOSSES, "policy loss", name)
+
+
+def register_loss_agg(name: str):
+    """Decorator (or call on an object): register a loss aggregation under `name`."""
+    return _register(_LOSS_AGGREGATIONS, "loss aggregation", name)
+
+
+for _agg in (TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, SEQ_MEAN_TOKEN_MEAN):
+    register_loss_agg(_agg.name)(_agg)
+
+
+def get_loss_agg(name: str) -> LossAggregation:
+    return _lookup(_LOSS_AGGREGATIONS, "loss aggregation", name)
+
+
+def loss_agg_names() -> list[str]:
+    return sorted(_LOSS_AGGREGATIONS)
 
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:
@@ -91,8 +116,9 @@ def gae_advantages(scored: Mapping[str, torch.Tensor], mask: torch.Tensor, t: Tr
 
 @register_adv_est("grpo")
 def group_advantages(scored: Mapping[str, torch.Tensor], mask: torch.Tensor, t: TrainingSpec) -> dict[str, torch.Tensor]:
-    """GRPO: one advantage per completion, its score relative to its group of training.groupSize."""
-    return {"advantages": grpo_advantages(scored["scores"], t.group_size)}
+    """GRPO: one advantage per completion, its score relative to its group of training.groupSize,
+    divided by the group's std unless training.scaleRewards is false (Dr. GRPO)."""
+    return {"advantages": grpo_advantages(scored["scores"], t.group_size, scale_by_std=t.scale_rewards)}
 
 
 def _objective(logprobs, old_logprobs, advantages, mask, t: TrainingSpec, clip_high, ref_logprobs, entropy):
@@ -100,6 +126,7 @@ def _objective(logprobs, old_logprobs, advantages, mask, t: TrainingSpec, clip_h
         logprobs, old_logprobs, advantages, mask, t.clip, clip_high,
         ref_logprobs=ref_logprobs, kl_coef=t.kl if ref_logprobs is not None else 0.0,
         kl_estimator=t.kl_estimator, entropy=entropy, entropy_coef=t.entropy_coef,
+        aggregate=get_loss_agg(t.loss_aggregation),
     )
 
 

@@ -12,6 +12,9 @@ The rules:
 - GRPO needs groupSize >= 2 and a temperature > 0: its advantages are rewards relative to the
   group's mean, so a group of one, or a group of identical greedy completions, learns nothing.
   PPO has no groups and may roll out greedily.
+- PPO/GRPO with training.kl > 0 refuse klEstimator k1 where the KL is a loss term (GRPO always,
+  PPO unless klInReward): k1's expected gradient on the policy's own samples is 0, so the KL
+  would be logged but never pull the policy to the reference (algorithms/ppo.py kl_divergence).
 - PPO/GRPO refuse values of the DPO-only data and batching fields (`DPO_ONLY_FIELDS`) other
   than those that say what they do anyway, instead of ignoring them silently.
 """
@@ -85,6 +88,12 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
 )
 
 
+def kl_is_loss_term(algorithm: str, training: TrainingSpec) -> bool:
+    """The KL goes into the actor's loss rather than the reward: GRPO always (it has no per-token
+    rewards), PPO unless training.klInReward."""
+    return algorithm == "grpo" or (algorithm == "ppo" and not training.kl_in_reward)
+
+
 def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
     """Settings `spec.algorithm` cannot honour, one 'path: what would be valid' line each.
 
@@ -107,6 +116,13 @@ def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
         problems.append(
             f"training.kl: {training.kl} > 0 needs roles.reference, the frozen policy the KL is taken "
             "to: add reference: {colocateWith: actor}, or set kl to 0"
+        )
+    if training.kl > 0 and training.kl_estimator == "k1" and kl_is_loss_term(spec.algorithm, training):
+        problems.append(
+            "training.klEstimator: k1 cannot be a loss term (training.kl > 0"
+            + ("" if spec.algorithm == "grpo" else " with klInReward false")
+            + "): its expected gradient on the policy's own samples is 0, so it never pulls the policy "
+            "to the reference; use k3 (or k2)" + ("" if spec.algorithm == "grpo" else ", or set klInReward")
         )
     if spec.algorithm == "grpo" and training.group_size < 2:
         problems.append(

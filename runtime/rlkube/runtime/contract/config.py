@@ -370,7 +370,12 @@ class TrainingSpec(Spec):
         le=100.0,
         description="PPO/GRPO: KL coefficient to the reference; > 0 needs roles.reference.",
     )
-    kl_estimator: Literal["k1", "k3"] = Field(default="k3", description="PPO/GRPO: KL estimator.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        default="k3",
+        description="PPO/GRPO: per-token KL estimator, with r = pi_ref / pi on tokens sampled from pi: "
+        "k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r (algorithms/ppo.py, docs/algorithms.md). "
+        "k1 only in the reward (ppo with klInReward): as a loss its expected gradient is 0.",
+    )
     kl_in_reward: bool = Field(
         default=False, description="PPO: subtract the KL from the reward (True) or add it as a loss (False)."
     )
@@ -383,6 +388,17 @@ class TrainingSpec(Spec):
         le=1024,
         description="GRPO: completions sampled per prompt; at least 2, since advantages are rewards "
         "relative to the group's mean.",
+    )
+    scale_rewards: bool = Field(
+        default=True,
+        description="GRPO: divide each completion's advantage by its group's reward std (DeepSeekMath); "
+        "false only subtracts the group mean (Dr. GRPO).",
+    )
+    loss_aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        default="token-mean",
+        description="PPO/GRPO: how the actor's per-token loss becomes one number: the mean over every "
+        "response token of the mini-batch, or the mean over its sequences of each sequence's token sum "
+        "or token mean (verl's loss_agg_mode).",
     )
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")

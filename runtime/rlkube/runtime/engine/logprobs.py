@@ -27,15 +27,16 @@ DEFAULT_CHUNK = 4096
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int):
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+                temperature: float):
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 in gradcheck
         out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
-            logits = (hidden[s : s + chunk] @ weight.t()).to(acc)
+            logits = (hidden[s : s + chunk] @ weight.t()).to(acc) / temperature
             picked = logits.gather(1, targets[s : s + chunk, None]).squeeze(1)
             out[s : s + chunk] = picked - torch.logsumexp(logits, dim=-1)
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.temperature = chunk, temperature
         return out
 
     @staticmethod
@@ -48,9 +49,9 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
-            logits = (h @ weight.t()).to(acc)
-            g = grad_out[s : s + chunk, None].to(acc)
-            # d logp/d logits = onehot - softmax, scaled by the incoming gradient
+            logits = (h @ weight.t()).to(acc) / ctx.temperature
+            # d logp/d logits = (onehot - softmax) / T, scaled by the incoming gradient
+            g = grad_out[s : s + chunk, None].to(acc) / ctx.temperature
             d_logits = torch.softmax(logits, dim=-1).mul_(-g)
             d_logits.scatter_add_(1, targets[s : s + chunk, None], g)
             d_logits = d_logits.to(weight.dtype)
@@ -60,16 +61,18 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_weight.add_(d_logits.t() @ h)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None
+        return grad_hidden, grad_weight, None, None, None
 
 
 def token_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = DEFAULT_CHUNK
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = DEFAULT_CHUNK,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """log softmax(hidden @ weight.T)[i, targets[i]] for every row i, in fp32, chunk by chunk."""
+    """log softmax(hidden @ weight.T / temperature)[i, targets[i]] for every row i, in fp32, chunk
+    by chunk. The division is on the fp32 logits, as the sampler divides them."""
     if hidden.shape[0] == 0:
         return hidden.new_zeros(0, dtype=torch.float32) + 0.0 * weight.sum()
-    return _ChunkedTokenLogprobs.apply(hidden, weight, targets, chunk)
+    return _ChunkedTokenLogprobs.apply(hidden, weight, targets, chunk, temperature)
 
 
 def body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -11,6 +11,12 @@ batch; the entropy, when asked for, does need the logits of the response positio
 embedding, final norm and lm head belong to the root unit and are gathered in its pre-forward,
 before the chunked head reads `head.weight` directly. Generation calls `policy.lm` (the plain
 HF model) while the hybrid engine holds every unit unsharded.
+
+Temperature: the rollout samples from softmax(logits / T), so the policy whose ratio PPO/GRPO
+clip is that tempered distribution. Log-probs and entropy here are taken of logits / T too, for
+the actor's new and old log-probs and the reference's alike (as TRL and verl do); otherwise the
+first epoch's ratio would not be 1 and the KL would compare two different distributions. T = 0
+(greedy rollouts) has no tempered distribution: the raw logits (T = 1) are used.
 """
 
 from __future__ import annotations
@@ -44,13 +50,15 @@ def response_hidden(
 
 
 class PolicyModel(torch.nn.Module):
-    """Wraps an HF causal LM (`.lm`); forward -> (log-probs [B, T] fp32, entropy [B, T] or None)."""
+    """Wraps an HF causal LM (`.lm`); forward -> (log-probs [B, T] fp32, entropy [B, T] or None)
+    of the distribution softmax(logits / temperature) the rollout samples from."""
 
-    def __init__(self, lm: torch.nn.Module, chunk: int = DEFAULT_CHUNK) -> None:
+    def __init__(self, lm: torch.nn.Module, chunk: int = DEFAULT_CHUNK, temperature: float = 1.0) -> None:
         super().__init__()
         self.lm = lm
         self.chunk = chunk
         self.mode = attention_mode(lm)
+        self.temperature = temperature if temperature > 0 else 1.0
 
     def forward(
         self,
@@ -65,11 +73,11 @@ class PolicyModel(torch.nn.Module):
         valid = response_mask.bool()
         picked = hidden[valid]
         targets = input_ids[:, prompt_len:][valid]
-        logps = token_logprobs(picked, head.weight, targets, self.chunk)
+        logps = token_logprobs(picked, head.weight, targets, self.chunk, self.temperature)
         out = torch.zeros(response_mask.shape, dtype=torch.float32, device=logps.device)
         out = out.masked_scatter(valid, logps)
         entropy = None
         if with_entropy:
-            ent = entropy_from_logits(picked @ head.weight.t())
+            ent = entropy_from_logits((picked @ head.weight.t()).float() / self.temperature)
             entropy = torch.zeros_like(out).masked_scatter(valid, ent)
         return out, entropy

@@ -3,7 +3,7 @@
 Its micro-batch loss is the algorithm's registered policy loss (algorithms/registry.py) over the
 rollout's advantages: per token (PPO's GAE) or per sequence (GRPO), with the KL to the reference
 as a loss term unless the algorithm put it into the reward, and the entropy bonus when
-training.entropyCoef > 0.
+training.entropyCoef > 0; every term reduced by training.lossAggregation.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlkube.runtime.algorithms.registry import RLAlgorithm, get_policy_loss
+from rlkube.runtime.algorithms.registry import RLAlgorithm, get_loss_agg, get_policy_loss
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.models import build_causal_lm, shard
@@ -35,11 +35,13 @@ class ActorWorker(RoleWorker):
         if lm.get_input_embeddings().weight.shape[0] < vocab_size:
             raise ConfigError(f"model.config.vocab_size: smaller than the tokenizer's {vocab_size}")
         self.flops = FlopModel.of(lm)
-        policy = shard(PolicyModel(lm), ctx, "actor")
+        # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
+        policy = shard(PolicyModel(lm, temperature=config.rollout.temperature), ctx, "actor")
         super().__init__(config, groups, policy, make_optimizer(policy))
         self.engine = HybridEngine(self.model, self.optimizer)
         self.policy_loss = get_policy_loss(algorithm.policy_loss)
         self.kl_as_loss = algorithm.kl_as_loss(config.training)
+        self.aggregation = get_loss_agg(config.training.loss_aggregation)
 
     def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """The policy's per-token log-probs of the responses of `rows` (old log-probs, at rollout time)."""

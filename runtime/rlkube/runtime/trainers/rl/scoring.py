@@ -33,11 +33,13 @@ RowsFn = Callable[[Rollout, slice], torch.Tensor]
 
 def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
     """The frozen policy the KL is taken to: roles.reference.model, or the actor's own spec and
-    seed (so it starts equal to the actor: built from the config, not copied from trained weights)."""
+    seed (so it starts equal to the actor: built from the config, not copied from trained weights).
+    Its log-probs are taken at the rollout's temperature, as the actor's are, so the KL compares
+    the two tempered distributions."""
     spec = config.roles.reference.model or config.model
     lm, _ = build_causal_lm(spec, ctx.device, seed=config.training.seed)
     lm.eval().requires_grad_(False)
-    return shard(PolicyModel(lm), ctx, "reference")
+    return shard(PolicyModel(lm, temperature=config.rollout.temperature), ctx, "reference")
 
 
 @torch.no_grad()

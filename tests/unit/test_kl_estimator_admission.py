@@ -1,0 +1,49 @@
+"""klEstimator k1 as a KL loss term gets one verdict from pydantic, the CRD's CEL and the runtime."""
+
+import pytest
+from crd_checker import admit
+from pydantic import ValidationError
+from rltj_builders import job
+
+from rlkube.operator import api, crd
+from rlkube.runtime.contract.config import RuntimeConfig
+
+CRD = crd.crd_manifest()
+RUNTIME_SECTIONS = ("algorithm", "model", "roles", "data", "batching", "training", "rollout")
+PATH = "spec.training.klEstimator"
+CASES = [
+    ("grpo", {"kl": 0.05, "klEstimator": "k1"}, PATH),
+    ("grpo", {"kl": 0.05, "klEstimator": "k1", "klInReward": True}, PATH),  # grpo has no per-token rewards
+    ("grpo", {"kl": 0.0, "klEstimator": "k1"}, None),  # no KL, nothing to estimate
+    ("grpo", {"kl": 0.05, "klEstimator": "k2"}, None),
+    ("grpo", {"kl": 0.05, "klEstimator": "k3"}, None),
+    ("ppo", {"kl": 0.05, "klEstimator": "k1"}, PATH),
+    ("ppo", {"kl": 0.05, "klEstimator": "k1", "klInReward": True}, None),  # a reward penalty: fine
+    ("ppo", {"kl": 0.05, "klEstimator": "k2", "klInReward": False}, None),
+    ("dpo", {"klEstimator": "k1"}, None),
+]
+
+
+@pytest.mark.parametrize("algorithm, training, refused", CASES)
+def test_k1_as_a_loss_term_is_refused_everywhere(algorithm, training, refused):
+    roles = {"actor": {"gpus": 1}}
+    if algorithm != "dpo":
+        roles = {**roles, "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"},
+                 "reference": {"colocateWith": "actor"}}
+    if algorithm == "ppo":
+        roles["critic"] = {"colocateWith": "actor"}
+    obj = job(algorithm=algorithm, roles=roles, training=training)
+    pydantic_paths = [error.path for error in api.job_errors(obj)]
+    crd_errors = admit(obj, CRD)
+    try:
+        RuntimeConfig.model_validate({key: obj["spec"][key] for key in RUNTIME_SECTIONS if key in obj["spec"]})
+        runtime_error = ""
+    except ValidationError as exc:
+        runtime_error = str(exc)
+    if refused is None:
+        assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
+    else:
+        assert pydantic_paths == [refused]
+        assert crd_errors and all("training.klEstimator" in e for e in crd_errors), crd_errors
+        assert "expected gradient" in runtime_error
+        assert refused.removeprefix("spec.") in runtime_error

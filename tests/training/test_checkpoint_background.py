@@ -1,17 +1,32 @@
-"""Background checkpoint writes on 2 gloo processes with an FSDP2-sharded model: staged, written
-by a writer thread on its own group, committed once after both ranks' shards, and resharded on
-load into one process with the weights of the step it was staged at."""
+"""Background checkpoint writes.
+
+On 2 gloo processes with an FSDP2-sharded model: staged, written by a writer thread on its own
+group, committed once after both ranks' shards, and resharded on load into one process with the
+weights of the step it was staged at.
+
+Through the trainer (DPO, whose saves are in the background by default), with the writer thread
+held at a commit deterministically (not by timing): SIGKILL while it is held leaves the previous
+committed checkpoint, and the resumed run computes the uninterrupted losses; SIGTERM while it is
+held lets the write commit before the process exits 143, and the resumed run is exact too.
+"""
 
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import textwrap
 
 import torch
 import torch.multiprocessing as mp
 
 from rlkube.runtime.engine.models import shard
-from rlkube.runtime.infra.checkpoint import Checkpointer, committed
+from rlkube.runtime.infra.checkpoint import Checkpointer, committed, latest
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_sum, init_from_env, shutdown
+
+from .conftest import EVERY, ROOT, records, run_cli, runtime_env, step_losses, tiny_config, write_config
+from .test_faults import assert_same_as_reference
 
 
 class Layers(torch.nn.Module):
@@ -77,3 +92,76 @@ def test_two_ranks_commit_once_and_the_checkpoint_reshards_into_one_process(tmp_
     assert meta["step"] == 1 and meta["worldSize"] == 2
     for name, value in other.state_dict().items():
         assert torch.equal(value, results["expected1"][name]), name
+
+
+# The writer thread is held at step HOLD's commit (its shards written): it prints a "writerHeld"
+# record, then waits until SIGTERM reached the process (under SIGKILL: until it dies).
+HOLD_WRITER = textwrap.dedent(
+    """
+    import json, sys, threading, torch
+    torch.set_num_threads(1)
+    from rlkube.runtime.cli import load_config
+    from rlkube.runtime.infra.errors import Terminated
+    from rlkube.runtime.trainers import loop
+    from rlkube.runtime.trainers.dpo import TrainerHooks, train
+
+    hold, term = int(sys.argv[2]), threading.Event()
+    handle = loop.SigtermFlag._handle
+    def noted(self, signum, frame):
+        handle(self, signum, frame)
+        term.set()
+    loop.SigtermFlag._handle = noted
+
+    def held(step):
+        if step == hold:
+            print(json.dumps({"event": "writerHeld", "step": step}), flush=True)
+            term.wait(timeout=300)
+
+    try:
+        train(load_config(sys.argv[1]), hooks=TrainerHooks(before_checkpoint_commit=held))
+    except Terminated:
+        sys.exit(143)
+    """
+)
+
+
+def start_held(path, hold):
+    return subprocess.Popen([sys.executable, "-c", HOLD_WRITER, str(path), str(hold)], cwd=ROOT, env=runtime_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_held(proc):
+    for line in proc.stdout:
+        if records(line) and records(line)[0].get("event") == "writerHeld":
+            return
+    raise AssertionError(proc.stderr.read()[-2000:])
+
+
+def test_sigkill_while_the_background_writer_holds_a_save_resumes_from_the_previous_commit(reference_run, tmp_path):
+    path = write_config(tmp_path, tiny_config(tmp_path))
+    proc = start_held(path, 2 * EVERY)
+    wait_for_held(proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert [s for s, _ in committed(tmp_path / "ckpt")] == [EVERY]
+    code, recs, err = run_cli(path)
+    assert code == 0, err[-3000:]
+    assert next(r for r in recs if r["event"] == "start")["startStep"] == EVERY
+    assert_same_as_reference(step_losses(recs), reference_run, EVERY + 1)
+
+
+def test_sigterm_during_a_background_write_commits_it_and_exits_143(reference_run, tmp_path):
+    path = write_config(tmp_path, tiny_config(tmp_path))
+    proc = start_held(path, EVERY)
+    wait_for_held(proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    saved = [s for s, _ in committed(tmp_path / "ckpt")]
+    assert EVERY in saved  # the held write was let go and committed
+    stopped = latest(tmp_path / "ckpt")[0]
+    assert stopped >= EVERY and any(r.get("event") == "checkpoint" and r["step"] == stopped for r in records(out))
+    code, recs, err = run_cli(path)
+    assert code == 0, err[-3000:]
+    assert next(r for r in recs if r["event"] == "start")["startStep"] == stopped
+    assert_same_as_reference(step_losses(recs), reference_run, stopped + 1)

@@ -35,10 +35,14 @@ def test_progress_and_metrics_while_training(tmp_path):
             time.sleep(0.5)
         assert seen is not None, "no /progress with step >= 2 while training"
         assert set(seen) == {"phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization",
-                             "loss", "rewardMean", "attempt"}
+                             "loss", "rewardMean", "attempt", "gpuBusyPhases", "phaseSeconds", "startupSeconds"}
         assert seen["attempt"] == 2  # the restart attempt the pod runs as, from its env
         assert seen["totalSteps"] == 40 and seen["tokensPerSecond"] > 0 and 0 < seen["loss"] < 1
         assert seen["mfu"] is None  # no peak on a CPU: null, not a made-up number
+        # no NVML on a CPU: no busy numbers, but the step's phases and the start-up split are timed
+        assert seen["gpuUtilization"] is None and seen["gpuBusyPhases"] == {}
+        assert {"data_wait", "forward_backward", "optimizer"} <= set(seen["phaseSeconds"])
+        assert set(seen["startupSeconds"]) == {"import", "modelLoad", "firstStep", "total"}
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
             metrics = r.read().decode()
         assert "rlkube_step " in metrics and "rlkube_tokens_total" in metrics

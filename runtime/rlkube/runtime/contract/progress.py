@@ -5,8 +5,10 @@ writes its last one as the container's termination message `{"progress": {...}}`
 ends. The operator polls it (progress_client.py) or reads that message, and copies the fields of
 `STATUS_PROGRESS` into `status.progress` (status.py; status_types.ProgressStatus is the schema).
 Fields mapped to None are reported for people and logs only: the trainer's own stage (`phase`;
-the job's phase is the operator's) and the restart attempt it runs as (`status.attempt` is the
-operator's). docs/architecture.md ("The contract") draws the whole map.
+the job's phase is the operator's), the restart attempt it runs as (`status.attempt` is the
+operator's), and the breakdowns behind `gpuUtilization` (per-phase busy and seconds, the start-up
+split), which change every step and would only churn the job's status. docs/architecture.md
+("The contract") draws the whole map.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ GPU_UTILIZATION = "gpuUtilization"     # GPU busy ratio, 0..1
 LOSS = "loss"                          # training loss of the latest step
 REWARD_MEAN = "rewardMean"             # mean rollout reward (DPO: chosen implicit reward)
 ATTEMPT = "attempt"                    # gang restart attempt, from the pod's env (pod.ENV_ATTEMPT)
+GPU_BUSY_PHASES = "gpuBusyPhases"      # {phase: GPU busy ratio 0..1 within it, mean over ranks}, last step
+PHASE_SECONDS = "phaseSeconds"         # {phase: seconds rank 0 spent in it}, last step
+STARTUP_SECONDS = "startupSeconds"     # {import, modelLoad, firstStep, total}: process start -> first step
 
 # The trainer's stages, the values of PHASE.
 PHASE_STARTING = "starting"
@@ -39,6 +44,9 @@ STATUS_PROGRESS: dict[str, str | None] = {
     LOSS: "loss",
     REWARD_MEAN: "rewardMean",
     ATTEMPT: None,
+    GPU_BUSY_PHASES: None,
+    PHASE_SECONDS: None,
+    STARTUP_SECONDS: None,
 }
 REPORT_FIELDS: tuple[str, ...] = tuple(STATUS_PROGRESS)
 # The fields the operator reads from a report: the trainer's phase and those it copies.

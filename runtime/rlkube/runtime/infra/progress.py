@@ -65,7 +65,8 @@ class Progress:
             report.TOKENS_PER_SECOND: Gauge("rlkube_tokens_per_second", "Non-pad tokens per second",
                                             registry=self.registry),
             report.MFU: Gauge("rlkube_mfu", "Model FLOPs utilization against the card's peak", registry=self.registry),
-            report.GPU_UTILIZATION: Gauge("rlkube_gpu_utilization", "GPU utilization (NVML), 0..1",
+            report.GPU_UTILIZATION: Gauge("rlkube_gpu_utilization", "GPU busy ratio over the last step "
+                                          "(NVML sampled at 10 Hz; the least busy rank), 0..1",
                                           registry=self.registry),
             report.LOSS: Gauge("rlkube_loss", "Training loss of the last step", registry=self.registry),
             report.REWARD_MEAN: Gauge("rlkube_reward_mean", "Mean reward (DPO: chosen implicit reward)",

@@ -1,25 +1,33 @@
 """What every trainer does around its own step: one `Trainer` base for DPO, PPO and GRPO.
 
 The base owns, so a trainer only says how it builds its data and models and what a step is:
-- set-up: the initial seed, the checkpointer, the GPU monitor and peak FLOP/s, and resume (the
-  latest committed checkpoint into the trained modules and their optimizers);
+- set-up: the initial seed, the checkpointer (background writes: a save stages the state to host
+  memory and a writer thread commits it while training goes on), the GPU monitor, the GPU busy
+  sampler and peak FLOP/s, resume (the latest committed checkpoint into the trained modules and
+  their optimizers), and the start-up clock (import, model load, first step);
 - AdamW construction with the team's settings (betas 0.9/0.95, fused on CUDA);
 - per step: the RNG reseeded from (seed, step, rank), the learning-rate schedule applied to
-  every optimizer, the peak-memory counter reset;
+  every optimizer, the peak-memory counter reset; after it, the step's GPU busy window gathered
+  from every rank into the record (gpuUtilization, gpuBusyPhases, phaseSeconds) and handed to
+  `observe` (DPO's batcher decides from it);
 - the update (`apply_update`): the non-finite-loss guard raised before the optimizer step with the
   step number, gradient clipping, the guard on the gradient norm, the optimizer step;
-- the step loop (loop.run_steps: endpoint, SIGTERM, checkpoint cadence), the result, save.
+- the step loop (loop.run_steps: endpoint, SIGTERM, checkpoint cadence), the result, save; the
+  in-flight checkpoint write committed before `train` returns on every path (the process group
+  is shut down only after that, so SIGTERM's exit 143 means "committed").
 
 A subclass implements `build()` (data, models, optimizers; sets `trainable` and `optimizers`),
-`train_step(step, lr)` (the step's record), `start_event()` and `progress_fields(rec)`.
+`train_step(step, lr)` (the step's record, its stages marked with `self.busy.phase(...)`),
+`start_event()` and `progress_fields(rec)`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -27,8 +35,10 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.checkpoint import Checkpointer
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import NonFiniteLoss
+from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for, step_fields
 from rlkube.runtime.infra.log import log
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
+from rlkube.runtime.infra.startup import StartupClock
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
 
@@ -38,7 +48,14 @@ class TrainerHooks:
     """Test seams: called at fixed points of the loop (production runs leave them unset)."""
 
     before_micro_batch: Callable[[list[SampleCost]], None] | None = None  # DPO; may raise OutOfMemoryError
-    before_checkpoint_commit: Callable[[int], None] | None = None  # may kill the process
+    # On the checkpoint writer (a thread of its own), shards written, before the commit; may kill
+    # the process or hold the writer.
+    before_checkpoint_commit: Callable[[int], None] | None = None
+    busy_sampler: Callable[[torch.device], BusySampler] | None = None  # default gpu_busy.sampler_for (NVML)
+
+
+_T = TypeVar("_T")
+_END = object()
 
 
 @dataclass
@@ -102,13 +119,19 @@ class Trainer:
 
     def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
         t0 = time.perf_counter()
+        self.startup = StartupClock()
+        self.startup.mark("import")
         self.config, self.ctx = config, ctx
         self.hooks = hooks or TrainerHooks()
+        self.busy = (self.hooks.busy_sampler or sampler_for)(ctx.device)
+        self.job_busy = JobBusy([])  # the last step's busy window, every rank's row
         self.trainable: torch.nn.Module = torch.nn.Module()  # what this rank checkpoints
         self.optimizers: list[torch.optim.Optimizer] = []
         torch.manual_seed(config.training.seed)
         self.build()
-        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx)
+        # Background writes always: the host copy costs the model and optimizer state once more in
+        # host memory, which every GPU node this runs on has; the GPU never waits for the disk.
+        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx, background=True)
         self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
         self.monitor = GpuMonitor(ctx.device)
         self.peak, self.peak_source = peak_flops(ctx.device)
@@ -122,6 +145,7 @@ class Trainer:
                 config.checkpoint.dir, self.start_step, meta["worldSize"], ctx.world_size,
             )
         self.setup_seconds = time.perf_counter() - t0
+        self.startup.mark("modelLoad")
 
     # -- what a trainer defines ----------------------------------------------------------
     def build(self) -> None:
@@ -169,6 +193,21 @@ class Trainer:
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
 
+    def waited(self, items: Iterable[_T]) -> Iterator[_T]:
+        """`items`, the wait for each next one marked as the data_wait phase."""
+        it = iter(items)
+        try:
+            while True:
+                with self.busy.phase("data_wait"):
+                    item = next(it, _END)
+                if item is _END:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:  # a prefetcher's thread stops with it
+                close()
+
     def step(self, step: int) -> dict:
         """Step `step` (0-based) from a state that depends only on (seed, step, rank)."""
         cfg = self.config
@@ -178,7 +217,15 @@ class Trainer:
             for group in optimizer.param_groups:
                 group["lr"] = lr
         self.monitor.reset_peak()
-        return self.train_step(step, lr)
+        rec = self.train_step(step, lr)
+        window = self.busy.window()
+        self.job_busy = gather_busy(self.ctx, window)
+        rec.update(step_fields(self.job_busy, window))
+        self.observe(rec, self.job_busy)
+        if "firstStep" not in self.startup.marks:
+            self.startup.mark("firstStep")
+            rec["startupSeconds"] = self.startup.seconds()
+        return rec
 
     def train(self) -> TrainResult:
         result = TrainResult(steps_run=0, first_step=self.start_step + 1)
@@ -189,16 +236,21 @@ class Trainer:
             result.records.append(rec)
             return rec
 
+        start = {**self.start_event(), "startupSeconds": self.startup.seconds()}
         try:
-            run_steps(self.config, self.ctx, self.start_step, self.start_event(), one_step, self.save,
-                      self.progress_fields, report=self.report())
+            run_steps(self.config, self.ctx, self.start_step, start, one_step, self.save,
+                      self.progress_fields, report=self.report(), busy_ranks=lambda: self.job_busy.ranks)
         finally:
-            self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
+            try:
+                self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
+            finally:
+                self.close()
         self.finish(result)
         return result
 
     def save(self, step: int) -> None:
-        self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state())
+        with self.busy.phase("checkpoint"):  # the stall: waiting for the previous write, staging
+            self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state())
 
 
 def run_trainer(

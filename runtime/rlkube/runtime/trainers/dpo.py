@@ -10,8 +10,9 @@ One optimizer step:
      (gradients zeroed), so no step is lost and the update is the same;
   5. the loss summed over ranks must be finite, else NonFiniteLoss (exit 4) before the
      optimizer step; gradients are clipped, the optimizer steps;
-  6. metrics (loss, reward margin, accuracy, tokens/s, MFU, GPU memory and utilization) are
-     logged, served on /progress and /metrics, and fed back to the batcher;
+  6. metrics (loss, reward margin, accuracy, tokens/s, MFU, GPU memory, and the GPU busy
+     fraction over the step and per phase: data_wait, forward_backward, optimizer) are logged,
+     served on /progress and /metrics, and fed back to the batcher;
   7. every `checkpoint.everySteps` steps, at the end, and after SIGTERM, a checkpoint.
 
 Exactness of resume: the data order is a function of the step, the RNG is reseeded from
@@ -43,6 +44,7 @@ from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.models import build_causal_lm, frozen_copy, shard
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
+from rlkube.runtime.infra.gpu_busy import JobBusy
 from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.infra.metrics import FlopModel
 from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, apply_update, run_trainer
@@ -166,7 +168,7 @@ class DPOTrainer(Trainer):
             fetch = Prefetcher(lambda it: self.collate([c.index for c in it[0]]), items,
                                self.config.data.prefetch, pin=pin)
             try:
-                for k, batch in enumerate(fetch):
+                for k, batch in enumerate(self.waited(fetch)):
                     mb, weight = items[k]
                     failed = mb
                     if self.hooks.before_micro_batch is not None:
@@ -174,7 +176,8 @@ class DPOTrainer(Trainer):
                     sync = getattr(self.policy, "set_requires_gradient_sync", None)
                     if sync is not None:
                         sync(k == len(items) - 1)  # reduce-scatter once, after the last micro-batch
-                    out = self.micro_batch(batch.to(self.ctx.device, non_blocking=pin), weight)
+                    with self.busy.phase("forward_backward"):
+                        out = self.micro_batch(batch.to(self.ctx.device, non_blocking=pin), weight)
                     if weight:
                         for key in ("pairs", "loss", "margin", "correct", "chosen", "tokens", "scored"):
                             totals[key] += out[key]
@@ -222,27 +225,30 @@ class DPOTrainer(Trainer):
                                     totals["chosen"], totals["tokens"]])
         pairs, loss_sum, margin_sum, correct, chosen_sum, tokens = sums
         loss = loss_sum / pairs
-        norm = apply_update(self.policy, self.optimizer, loss, self.config.training.max_grad_norm, step)
+        with self.busy.phase("optimizer"):
+            norm = apply_update(self.policy, self.optimizer, loss, self.config.training.max_grad_norm, step)
         self.sync()
         seconds = time.perf_counter() - t0
         flops = all_reduce_sum(ctx, [self.flops.dpo_step_flops(totals["seq_lens"], totals["scored"])])[0]
         peak_frac = self.monitor.peak_memory_fraction()
-        util = self.monitor.utilization()
-        worst = all_reduce_max(ctx, [peak_frac if peak_frac is not None else -1.0,
-                                     -(util if util is not None else 2.0)])
-        peak_frac = worst[0] if worst[0] >= 0 else None
-        util = -worst[1] if worst[1] > -2.0 else None
-        decision = self.batcher.observe(Measurement(peak_frac, util))
-        if decision and ctx.is_main:
-            log.info("step %d: batcher: %s", step + 1, decision)
+        worst = all_reduce_max(ctx, [peak_frac if peak_frac is not None else -1.0])[0]
+        peak_frac = worst if worst >= 0 else None
         mfu = flops / seconds / (self.peak * ctx.world_size) if self.peak else None
         return {
             "event": "step", "step": step + 1, "loss": loss, "accuracy": correct / pairs,
             "margin": margin_sum / pairs, "rewardChosen": chosen_sum / pairs, "gradNorm": norm, "lr": lr,
             "tokens": int(tokens), "seconds": round(seconds, 4), "tokensPerSecond": tokens / seconds,
             "mfu": mfu, "microBatches": len(plan), "tokenBudget": self.batcher.budget,
-            "peakMemoryFraction": peak_frac, "gpuUtilization": util,
+            "peakMemoryFraction": peak_frac,
         }
+
+    def observe(self, rec: dict, job: JobBusy) -> None:
+        """The batcher decides from the step's peak memory and its windowed busy fraction (the
+        least busy rank's mean over the step, the same on every rank)."""
+        decision = self.batcher.observe(Measurement(rec["peakMemoryFraction"], job.step_min, rec["seconds"]))
+        rec["tokenBudget"] = self.batcher.budget  # the budget the next step plans with
+        if decision and self.ctx.is_main:
+            log.info("step %d: batcher: %s", rec["step"], decision)
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:

@@ -8,7 +8,10 @@ What it owns, so the trainers only say what a step is:
   after the same step), then a checkpoint and `Terminated`;
 - the checkpoint cadence: every `checkpoint.everySteps`, and after the last step;
 - the phases the operator reads from /progress: training, succeeded, failed (non-finite loss),
-  and the last report as the container's termination message when the loop ends.
+  and the last report as the container's termination message when the loop ends;
+- what /progress and /metrics show of a step: its throughput and loss, its GPU busy fraction and
+  per-phase busy and seconds, the start-up split, and `rlkube_gpu_busy_ratio{role,rank,phase}`
+  for every rank.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rlkube.runtime.infra.distributed import (
 )
 from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
 from rlkube.runtime.infra.log import emit, log, setup_logging
+from rlkube.runtime.infra.metrics import BusyGauges
 from rlkube.runtime.infra.progress import (
     Progress,
     ProgressServer,
@@ -81,17 +85,20 @@ def run_steps(
     save: Callable[[int], None],
     progress_fields: Callable[[dict], dict],
     report: Callable[[int, dict], None] | None = None,
+    busy_ranks: Callable[[], list[dict]] | None = None,
 ) -> None:
     """Run steps `start_step` .. `training.steps - 1`.
 
     `step(i)` trains step i and returns its record (an "event": "step" dict with at least
     tokens, loss, mfu, tokensPerSecond and gpuUtilization, which /progress shows); `save(n)`
     checkpoints after n steps (collective); `progress_fields(rec)` is what else /progress shows
-    of a record (rewardMean, extra); `report(n, rec)` prints it on rank 0 (default: a JSON line).
-    Raises Terminated after checkpointing when SIGTERM arrived, NonFiniteLoss from a step.
+    of a record (rewardMean, extra); `report(n, rec)` prints it on rank 0 (default: a JSON line);
+    `busy_ranks()` is every rank's busy row of the last step (gpu_busy.JobBusy.ranks), exported
+    on /metrics. Raises Terminated after checkpointing when SIGTERM arrived, NonFiniteLoss from a step.
     """
     total = cfg.training.steps
     progress = Progress(total) if ctx.is_main else None
+    gauges = BusyGauges(progress.registry, ctx.role_ranks) if progress is not None and busy_ranks else None
     server = serve_progress(cfg, ctx, progress)
     sigterm = SigtermFlag()
     sigterm.install()
@@ -99,7 +106,7 @@ def run_steps(
     if ctx.is_main:
         emit(start_event)
     if progress is not None:
-        progress.update(phase="training", step=start_step)
+        progress.update(phase="training", step=start_step, startupSeconds=start_event.get("startupSeconds"))
     try:
         for i in range(start_step, total):
             rec = step(i)
@@ -107,7 +114,12 @@ def run_steps(
             if progress is not None:
                 progress.update(tokens=rec["tokens"], step=done, loss=rec["loss"], mfu=rec["mfu"],
                                 tokensPerSecond=rec["tokensPerSecond"], gpuUtilization=rec["gpuUtilization"],
+                                gpuBusyPhases=rec.get("gpuBusyPhases"), phaseSeconds=rec.get("phaseSeconds"),
                                 **progress_fields(rec))
+                if "startupSeconds" in rec:  # the first step of this run completes the split
+                    progress.update(startupSeconds=rec["startupSeconds"])
+                if gauges is not None:
+                    gauges.set(busy_ranks())
             if ctx.is_main:
                 report(done, rec) if report is not None else emit(rec)
             stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0

@@ -4,6 +4,9 @@ Actor ranks generate their contiguous share of the step's rows (weights unsharde
 generation, resharded after); the shares are all-gathered in the actor group and broadcast from
 the actor leader, so every rank holds the same `Rollout`. Rows are `[left-padded prompt (P
 columns) | right-padded response (T columns)]`; response columns no row used are trimmed.
+
+A step's prompt block (`prompts(step)`, a pure function of the step) is host-only work: the
+trainer prepares the next steps' on a thread while the GPU generates and trains.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 
 PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """One step's prompts, left-padded: the data index of each row, ids and attention mask."""
+
+    prompt_index: list[int]
+    ids: torch.Tensor  # [N, P]
+    mask: torch.Tensor  # [N, P]
 
 
 @dataclass
@@ -98,17 +110,23 @@ class RolloutWorker:
         att[:, : out.sequences.shape[1]] = out.attention_mask.cpu()
         return self.groups.gather(torch.stack([seq, att], dim=1), "actor")
 
-    def generate(self, step: int) -> tuple[Rollout, dict]:
-        """The rollout of step `step` and this rank's generation statistics."""
+    def prompts(self, step: int) -> PromptBatch:
+        """The prompt block of step `step` (host tensors; safe on a thread of its own)."""
         prompt_index = group_layout(self.sampler.batch(step), self.group_size)
-        rows = [self.data.ids[i] for i in prompt_index]
-        ids, mask = self._prompt_block(rows)
+        ids, mask = self._prompt_block([self.data.ids[i] for i in prompt_index])
+        return PromptBatch(prompt_index, ids, mask)
+
+    def generate(self, step: int, prompts: PromptBatch | None = None) -> tuple[Rollout, dict]:
+        """The rollout of step `step` (from its `prompts`, prepared ahead, or made here) and this
+        rank's generation statistics."""
+        batch = prompts if prompts is not None else self.prompts(step)
+        prompt_index, ids, mask = batch.prompt_index, batch.ids, batch.mask
         prompt_len, width = ids.shape[1], ids.shape[1] + self.config.rollout.max_new_tokens
         stats = {"generationSeconds": 0.0, "generatedTokens": 0, "reshardSeconds": 0.0}
         packed = None
         if "actor" in self.groups.here:
             packed = self._generate_share(ids, mask, width, step, stats)
-        packed = self.groups.broadcast(packed, "actor", (len(rows), 2, width), torch.long)
+        packed = self.groups.broadcast(packed, "actor", (len(prompt_index), 2, width), torch.long)
         sequences, attention = packed[:, 0], packed[:, 1]
         # Trim response columns no row used (every rank computes the same width).
         response = attention[:, prompt_len:]

@@ -3,6 +3,8 @@
 One step (one rollout of `batching.globalBatch` prompts; algorithms that sample groups take
 `training.groupSize` completions of each):
 
+  0. prompts   the step's prompt block, prepared on a thread while earlier steps ran
+               (data.prefetch steps ahead; 0: inside the step);
   1. rollout   (rollout.py) actor ranks generate with the hybrid engine; every rank gets the rows;
   2. score     (scoring.py) reward, reference log-probs, critic values, old log-probs, each on
                its role's ranks and broadcast;
@@ -13,6 +15,8 @@ One step (one rollout of `batching.globalBatch` prompts; algorithms that sample 
 
 The algorithm is a recipe picked by name from the registry (ppo: GAE + clipped loss + critic;
 grpo: group-normalised advantages + clip-higher loss); nothing here branches on its name.
+The stages are the GPU busy phases the step record reports: data_wait (0), generate (1),
+score (2, 3), forward_backward and optimizer (4).
 
 Every rank runs every step's collectives in the same order, whatever roles it holds; roles
 that share a rank (colocateWith, or `gpus: 0`) run one after the other in that process.
@@ -36,6 +40,7 @@ import torch
 from rlkube.runtime.algorithms.grpo import fraction_of_groups_with_signal
 from rlkube.runtime.algorithms.registry import get_adv_estimator, rl_algorithm
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.prefetch import Prefetcher
 from rlkube.runtime.data.prompts import PromptData, load_prompt_data
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
@@ -46,7 +51,7 @@ from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import Rollout, RolloutWorker
+from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWorker
 from rlkube.runtime.trainers.rl.scoring import Scorer
 from rlkube.runtime.trainers.rl.update import PassTotals
 
@@ -85,6 +90,7 @@ class RLTrainer(Trainer):
         self.rollout = RolloutWorker(cfg, self.groups, self.data, sampler, sampling, self.tokenizer.pad_id,
                                      self.group_size, engine, self.sync)
         self.estimate = get_adv_estimator(self.algorithm.advantage_estimator)
+        self._prompt_stream = None  # (step, PromptBatch) from the prefetch thread, from the first step on
 
     def _build_workers(self) -> None:
         """The trained roles held here (what this rank checkpoints) and the scorer."""
@@ -127,6 +133,23 @@ class RLTrainer(Trainer):
                 )
 
     # -- one step ------------------------------------------------------------------------
+    def prompts(self, step: int) -> PromptBatch:
+        """Step `step`'s prompts, prepared ahead by a thread over steps first..last in order (the
+        order is the sampler's, a function of the step, so resume replays it exactly)."""
+        if self._prompt_stream is None:
+            steps = range(step, self.config.training.steps)
+            ahead = Prefetcher(lambda s: (s, self.rollout.prompts(s)), steps, self.config.data.prefetch)
+            self._prompt_stream = self.waited(ahead)
+        made_for, batch = next(self._prompt_stream)
+        assert made_for == step, (made_for, step)  # run_steps runs consecutive steps
+        return batch
+
+    def close(self) -> None:
+        if self._prompt_stream is not None:
+            self._prompt_stream.close()
+            self._prompt_stream = None
+        super().close()
+
     def train_on(self, rollout: Rollout, scored: dict, adv: dict, step: int) -> dict[str, PassTotals]:
         """Every trained role held here, `ppoEpochs` passes over the rollout."""
         cfg = self.config.training
@@ -135,18 +158,21 @@ class RLTrainer(Trainer):
             g = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 31 + epoch)
             order = torch.randperm(rollout.rows, generator=g) if self.reuse_rollout else torch.arange(rollout.rows)
             for worker in self.workers:
-                passed = worker.train_pass(rollout, scored, adv, order, step)
+                passed = worker.train_pass(rollout, scored, adv, order, step, self.busy)
                 out.setdefault(worker.role, PassTotals()).add(passed, cfg.ppo_epochs)
         return out
 
     def train_step(self, step: int, lr: float) -> dict:
         t_start = time.perf_counter()
-        rollout, gen_stats = self.rollout.generate(step)
-        self.sync()
+        prompts = self.prompts(step)
+        with self.busy.phase("generate"):
+            rollout, gen_stats = self.rollout.generate(step, prompts)
+            self.sync()
         t_scored = time.perf_counter()
-        scored = self.scorer.score(rollout)
-        adv = self.estimate(scored, rollout.response_mask.float(), self.config.training)
-        self.sync()
+        with self.busy.phase("score"):
+            scored = self.scorer.score(rollout)
+            adv = self.estimate(scored, rollout.response_mask.float(), self.config.training)
+            self.sync()
         t_trained = time.perf_counter()
         trained = self.train_on(rollout, scored, adv, step)
         self.sync()
@@ -171,7 +197,6 @@ class RLTrainer(Trainer):
             ctx, [gen_stats["generationSeconds"], gen_stats["reshardSeconds"]]
         )
         mask = rollout.response_mask.float()
-        util = self.monitor.utilization()
         rec = {
             "event": "step", "algorithm": self.algorithm.name, "step": step + 1, "lr": lr,
             "rewardMean": float(scores.mean()), "rewardStd": float(scores.std()) if scores.numel() > 1 else 0.0,
@@ -188,7 +213,6 @@ class RLTrainer(Trainer):
             "mfu": (train_flops + gen_flops) / seconds / (self.peak * ctx.world_size) if self.peak else None,
             "trainingMfu": train_flops / train_seconds / (self.peak * len(self.groups.ranks["actor"]))
             if self.peak and train_seconds else None,
-            "gpuUtilization": util,
             "peakMemoryFraction": self.monitor.peak_memory_fraction(),
             "tokens": int(gen_tokens + train_tokens),
         }

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from rlkube.runtime.contract import failure
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path
 from rlkube.runtime.contract.pod import ENV_CONFIG, EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
@@ -59,6 +60,10 @@ def run(config: RuntimeConfig, **kwargs):
         from rlkube.runtime.trainers.dpo import train
 
         return train(config, **kwargs)
+    if config.algorithm == "kto":
+        from rlkube.runtime.trainers.kto import train as train_kto
+
+        return train_kto(config, **kwargs)
     try:
         from rlkube.runtime.trainers import rl as rl_trainer
     except ImportError as e:
@@ -70,20 +75,35 @@ def run(config: RuntimeConfig, **kwargs):
     return rl_trainer.train(config, **kwargs)
 
 
+def config_failed(e: ConfigError) -> int:
+    """A config (or data) error: said on stderr and in the termination message; EXIT_CONFIG."""
+    print(f"config error: {e}", file=sys.stderr)
+    from rlkube.runtime.infra.progress import write_termination_error
+
+    write_termination_error(failure.ERROR_CONFIG, e, e.field_path())
+    return EXIT_CONFIG
+
+
 def run_in_process(config: RuntimeConfig) -> int:
-    """`run(config)` with outcomes mapped to exit codes (a crash propagates: exit 1)."""
+    """`run(config)` with outcomes mapped to exit codes (a crash propagates: exit 1). Each
+    failure leaves why in the termination message (infra/progress.write_termination_error)."""
+    from rlkube.runtime.infra.progress import write_termination_error
+
     try:
         run(config)
         return EXIT_OK
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return config_failed(e)
     except NonFiniteLoss as e:
         print(f"rlkube: {e}", file=sys.stderr)
+        write_termination_error(failure.ERROR_NON_FINITE, e)
         return EXIT_NON_FINITE
     except Terminated as e:
         print(f"rlkube: {e}", file=sys.stderr)
         return EXIT_TERMINATED
+    except Exception as e:
+        write_termination_error(failure.ERROR_CRASH, f"{type(e).__name__}: {e}")
+        raise
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(ns.config)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return config_failed(e)
     from rlkube.runtime.infra.launch import launch_mode, pod_rank_env, spawn_workers
     from rlkube.runtime.infra.progress import serve_health_early
 

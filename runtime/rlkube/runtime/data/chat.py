@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlkube.runtime.data.tokenizer import Tokenizer
+from rlkube.runtime.infra.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _pieces(tokenizer: Tokenizer, messages: list[dict], start: int) -> list[tupl
 
 def _added(before: str, after: str, k: int) -> str:
     if not after.startswith(before):
-        raise ValueError(
+        raise DataError(
             f"model.tokenizer: the chat template renders message {k} by changing the text of the "
             "messages before it, so assistant turns cannot be told apart for the loss mask"
         )

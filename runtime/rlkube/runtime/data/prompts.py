@@ -23,6 +23,7 @@ from rlkube.runtime.data.chat import render_prompt
 from rlkube.runtime.data.records import InvalidRecord, InvalidRecords, PromptRecord, each_valid, parse_prompt
 from rlkube.runtime.data.sources import data_files, read_records
 from rlkube.runtime.data.tokenizer import Tokenizer
+from rlkube.runtime.infra.errors import DataError
 
 _SYNTHETIC_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 "
 
@@ -84,7 +85,7 @@ def load_prompt_data(spec: DataSpec, tokenizer: Tokenizer, max_new_tokens: int) 
     """Prompts of `spec`, each fitted so prompt + completion fit in maxSeqLen."""
     room = spec.max_seq_len - max_new_tokens - 1  # - bos
     if room < 1:
-        raise ValueError(
+        raise DataError(
             f"data.maxSeqLen: {spec.max_seq_len} leaves no room for a prompt next to "
             f"rollout.maxNewTokens={max_new_tokens}"
         )

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from rlkube.runtime.contract.config import DataFields
 from rlkube.runtime.data.sources import RawRecord
+from rlkube.runtime.infra.errors import DataError
 from rlkube.runtime.infra.log import log
 
 Text = str | list[dict]  # a string, or messages [{role, content}]
@@ -29,7 +30,7 @@ _LOGGED = 10  # skipped records logged one by one; the rest only counted
 T = TypeVar("T")
 
 
-class InvalidRecord(ValueError):
+class InvalidRecord(DataError):
     """A malformed record: where it was read, which field, what is wrong."""
 
     def __init__(self, where: str, problem: str, field: str | None = None, fields: DataFields | None = None):
@@ -65,7 +66,7 @@ class InvalidRecords:
             log.warning("data: skipped %d invalid record(s) of %d (data.skipInvalid)", self.skipped, self.seen)
         if self.seen == self.skipped:
             reason = f" ({self.skipped} invalid, all skipped)" if self.skipped else ""
-            raise ValueError(f"data.source: no {kind} found{reason}")
+            raise DataError(f"data.source: no {kind} found{reason}")
 
 
 def each_valid(raws: Iterable[RawRecord], invalid: InvalidRecords, build: Callable[[RawRecord], T]) -> Iterator[T]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 
 from rlkube.runtime.data.bucketing import bucketed_batches
+from rlkube.runtime.infra.errors import DataError
 
 
 class StepSampler:
@@ -22,7 +23,7 @@ class StepSampler:
         self, num_samples: int, global_batch: int, seed: int, lengths: list[int] | None = None
     ) -> None:
         if num_samples < global_batch:
-            raise ValueError(
+            raise DataError(
                 f"batching.globalBatch: {global_batch} is more than the {num_samples} samples in the data"
             )
         self.num_samples = num_samples

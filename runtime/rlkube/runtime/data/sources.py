@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlkube.runtime.infra.errors import DataError
 from rlkube.runtime.infra.log import log
 
 _SUFFIX = {"jsonl": ".jsonl", "parquet": ".parquet"}
@@ -36,7 +37,7 @@ def arrow_directory(path: Path) -> Path:
     if dict_file.exists():
         splits = json.loads(dict_file.read_text()).get("splits", [])
         if "train" not in splits:
-            raise ValueError(
+            raise DataError(
                 f"data.source: {path} is a DatasetDict without a 'train' split (splits: {splits}); "
                 "point data.source at the split's directory"
             )
@@ -47,7 +48,7 @@ def arrow_directory(path: Path) -> Path:
 
 def _arrow_files(source: str, path: Path) -> list[Path]:
     if not path.is_dir():
-        raise ValueError(f"data.source: format 'arrow' wants a directory written by save_to_disk, got {source!r}")
+        raise DataError(f"data.source: format 'arrow' wants a directory written by save_to_disk, got {source!r}")
     path = arrow_directory(path)
     state = path / "state.json"
     if state.exists():
@@ -55,28 +56,28 @@ def _arrow_files(source: str, path: Path) -> list[Path]:
         files = [path / n for n in names]
         missing = [str(f) for f in files if not f.exists()]
         if missing:
-            raise ValueError(f"data.source: {state} names Arrow files that are missing: {missing}")
+            raise DataError(f"data.source: {state} names Arrow files that are missing: {missing}")
     else:
         files = sorted(path.glob("*.arrow"))
     if not files:
-        raise ValueError(f"data.source: directory {source!r} holds no Arrow files (state.json or *.arrow)")
+        raise DataError(f"data.source: directory {source!r} holds no Arrow files (state.json or *.arrow)")
     return files
 
 
 def data_files(source: str, fmt: str) -> list[Path]:
     """The files of `source` in reading order (a directory: its files sorted by name)."""
     if fmt not in ("jsonl", "parquet", "arrow"):
-        raise ValueError(f"data.format: {fmt!r} names no files; this data must come from jsonl, parquet or arrow")
+        raise DataError(f"data.format: {fmt!r} names no files; this data must come from jsonl, parquet or arrow")
     path = Path(source)
     if not path.exists():
-        raise ValueError(f"data.source: {source!r} does not exist")
+        raise DataError(f"data.source: {source!r} does not exist")
     if fmt == "arrow":
         return _arrow_files(source, path)
     suffix = _SUFFIX[fmt]
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix == suffix)
         if not files:
-            raise ValueError(f"data.source: directory {source!r} holds no *{suffix} files")
+            raise DataError(f"data.source: directory {source!r} holds no *{suffix} files")
         return files
     return [path]
 
@@ -95,7 +96,7 @@ def _read_arrow_table(file: Path):
 def _table_records(file: Path, table, columns: list[str], optional: list[str]) -> Iterator[RawRecord]:
     missing = [c for c in columns if c not in table.column_names]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"data.source: {file}: no column {missing[0]!r} (columns: {', '.join(table.column_names)}); "
             "data.fields maps field names to columns"
         )

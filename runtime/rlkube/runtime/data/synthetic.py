@@ -22,6 +22,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from rlkube.runtime.infra.errors import DataError
+
 ALPHABET = "abcdefghijklmnop"
 LONG_TAIL_MEDIAN = 300
 LONG_TAIL_SIGMA = 1.0
@@ -41,7 +43,7 @@ def sample_lengths(num: int, max_seq_len: int, length_mix: str, seed: int) -> li
     if length_mix == "fixed":
         return [max_seq_len] * num
     if length_mix != "longTailed":
-        raise ValueError(f"data.lengthMix: must be 'fixed' or 'longTailed', got {length_mix!r}")
+        raise DataError(f"data.lengthMix: must be 'fixed' or 'longTailed', got {length_mix!r}")
     rng = random.Random(seed * 1_000_003 + 17)
     low = min(MIN_LENGTH, max_seq_len)
     mu = math.log(LONG_TAIL_MEDIAN)

@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlkube.runtime.infra.errors import DataError
+
 
 class Tokenizer(Protocol):
     """What the runtime needs from a tokenizer."""
@@ -77,7 +79,7 @@ class PretrainedTokenizer:
         self.vocab_size = len(self._tok)
         eos = self._tok.eos_token_id
         if eos is None:
-            raise ValueError(f"model.tokenizer: tokenizer at {path!r} has no eos token")
+            raise DataError(f"model.tokenizer: tokenizer at {path!r} has no eos token")
         self.eos_id = int(eos)
         # Many causal-LM tokenizers have no pad or bos token; pad positions are always masked out,
         # so reusing eos there is safe.
@@ -94,7 +96,7 @@ class PretrainedTokenizer:
 
     def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
         if not self._tok.chat_template:
-            raise ValueError(
+            raise DataError(
                 f"model.tokenizer: the tokenizer at {self.path!r} has no chat template, which "
                 "conversational data needs (set chat_template in its tokenizer_config.json, or give "
                 "prompt/chosen/rejected as plain strings)"

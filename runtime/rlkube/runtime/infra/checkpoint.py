@@ -14,7 +14,9 @@ removed after each commit (metadata first, so a half-removed one is not mistaken
 The model and optimizer state go through `get_state_dict`/`set_state_dict`, which store
 parameters by their fully qualified names as global tensors; DCP reshards on load, so a
 checkpoint written by 4 FSDP ranks loads into 2, or into 1 unsharded process. The metadata
-carries the trainer's own state (step, batcher state) as JSON.
+carries the trainer's own state (step, batcher state) as JSON, and the gang attempt that wrote
+it (RLKUBE_ATTEMPT): a process of an older attempt than the newest commit's is refused at
+commit (`check_fence`), so one left behind a partition cannot commit over the new attempt.
 
 All ranks must see the same directory (a shared volume claim, or one node). Every function
 that takes a DistContext is collective: all ranks call it.
@@ -48,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
+from rlkube.runtime.infra.progress import attempt_from_env
 
 META = "rlkube-checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -92,6 +95,24 @@ def write_meta(path: Path, meta: dict) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class StaleAttempt(RuntimeError):
+    """A save of an older gang attempt than the one that committed the newest checkpoint: this
+    process was replaced (its node lost, say, behind a partition) and must not commit."""
+
+
+def check_fence(root: str | Path, attempt: int | None) -> None:
+    """Fencing by attempt: refuse a commit from an attempt older than the newest committed
+    checkpoint's (its metadata's "attempt", the operator's RLKUBE_ATTEMPT of its writer). A run
+    outside an operator pod (no attempt) is not fenced."""
+    found = latest(root)
+    if attempt is None or found is None:
+        return
+    newest = read_meta(found[1]).get("attempt")
+    if isinstance(newest, int) and newest > attempt:
+        raise StaleAttempt(f"checkpoint refused: attempt {attempt} is older than attempt {newest}, "
+                           f"which committed {found[1].name}; this process was replaced")
 
 
 def _broadcast_str(ctx: DistContext, value: str) -> str:
@@ -147,7 +168,7 @@ class Checkpointer:
         barrier(ctx)
         model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        meta = {"step": step, "worldSize": ctx.world_size, "trainer": trainer}
+        meta = {"step": step, "worldSize": ctx.world_size, "trainer": trainer, "attempt": attempt_from_env()}
         if self.background:
             state = self._stage(state)
             self._writer = threading.Thread(target=self._write_in_background, args=(step, tmp, state, meta),
@@ -189,6 +210,11 @@ class Checkpointer:
             self.before_commit(step)
         final = step_dir(self.root, step)
         if self.ctx.is_main:
+            try:
+                check_fence(self.root, meta.get("attempt"))
+            except StaleAttempt:
+                self._group_barrier()  # the other ranks wait at the commit's barrier: release them
+                raise
             if final.exists():  # an uncommitted leftover of an earlier attempt at this step
                 shutil.rmtree(final)
             os.rename(tmp, final)

@@ -19,6 +19,16 @@ from rlkube.runtime.contract.pod import (  # noqa: F401 (re-exported)
 class ConfigError(ValueError):
     """A user mistake in the config or its data; the message starts with the field path."""
 
+    def field_path(self) -> str:
+        """The field path (or file) the message starts with: the text before its first ': '."""
+        head, sep, _ = str(self).partition(": ")
+        return head if sep and " " not in head else ""
+
+
+class DataError(ConfigError):
+    """The data a config names is missing or malformed (a missing file, a record without a
+    field): a user mistake like a bad config, so it exits EXIT_CONFIG and is not retried."""
+
 
 class NonFiniteLoss(RuntimeError):
     """The loss (or gradient norm) of a step was NaN or infinite; raised before the optimizer step."""

@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from rlkube.runtime.contract import failure
 from rlkube.runtime.contract import progress as report
 from rlkube.runtime.contract.pod import ENV_ATTEMPT, ENV_LOCAL_RANK, HEALTH_PATH, METRICS_PATH, PROGRESS_PATH
 from rlkube.runtime.contract.progress import (
@@ -113,6 +114,35 @@ def write_termination_message(progress: Progress, path: str | None = None) -> bo
     try:
         with open(path, "w") as f:
             f.write(body)
+    except OSError:
+        return False
+    return True
+
+
+def write_termination_error(category: str, error: BaseException | str, field: str = "",
+                            path: str | None = None) -> bool:
+    """Add why the run failed to the termination message, next to the last report (if one was
+    written): `{"error": {"exit": category, "field": ..., "message": one line}}`. False where
+    there is no termination log (a workstation) or it cannot be written."""
+    path = path or os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG
+    if path == TERMINATION_LOG and not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            body = json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    line = " ".join(str(error).split())[: failure.ERROR_MESSAGE_MAX_CHARS]
+    body[failure.TERMINATION_ERROR_KEY] = {failure.ERROR_EXIT: category, failure.ERROR_FIELD: field,
+                                          failure.ERROR_MESSAGE: line}
+    text = json.dumps(body, separators=(",", ":"), default=str)
+    if len(text.encode()) > TERMINATION_LOG_MAX_BYTES:  # the error matters more than the report
+        text = json.dumps({failure.TERMINATION_ERROR_KEY: body[failure.TERMINATION_ERROR_KEY]}, separators=(",", ":"))
+    try:
+        with open(path, "w") as f:
+            f.write(text)
     except OSError:
         return False
     return True

@@ -177,6 +177,13 @@ class Trainer:
     def finish(self, result: TrainResult) -> None:
         """Add what the trainer reports at the end of a run to `result`."""
 
+    def observe(self, rec: dict, job: JobBusy) -> None:
+        """After step `rec` and its busy window `job` (every rank's): what the trainer adapts."""
+
+    def close(self) -> None:
+        """Stop this run's threads (on every exit path of `train`)."""
+        self.busy.close()
+
     # -- shared pieces -------------------------------------------------------------------
     def adamw(self, module: torch.nn.Module) -> torch.optim.Optimizer:
         """AdamW over `module`'s parameters, registered with the lr schedule and the checkpoint."""

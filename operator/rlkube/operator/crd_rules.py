@@ -98,6 +98,13 @@ def _roles_rules() -> list[dict]:
                 f".{name}",
             ),
         ]
+        rules.append(
+            _rule(
+                f"!has(self.{name}) || !has(self.{name}.model) || !has(self.{name}.model.lora)",
+                f"roles.{name}.model.lora: only the actor trains adapters (set model.lora)",
+                f".{name}",
+            )
+        )
         if name != "reward":
             rules.append(
                 _rule(
@@ -140,13 +147,13 @@ def _spec_rules() -> list[dict]:
         ),
         _rule("self.algorithm != 'ppo' || has(self.roles.critic)", "roles.critic: ppo needs a critic role", ".roles"),
         _rule(
-            "self.algorithm == 'dpo' || has(self.roles.reward)",
+            "self.algorithm == 'dpo' || self.algorithm == 'kto' || has(self.roles.reward)",
             "roles.reward: ppo and grpo need a reward role (a model or a function)",
             ".roles",
         ),
         _rule(
-            "self.algorithm != 'dpo' || !has(self.roles.reward)",
-            "roles.reward: dpo learns from preference pairs and uses no reward role",
+            "(self.algorithm != 'dpo' && self.algorithm != 'kto') || !has(self.roles.reward)",
+            "roles.reward: dpo and kto learn from preference data and use no reward role",
             ".roles",
         ),
         _rule(
@@ -199,7 +206,7 @@ def _algorithm_setting_rules() -> list[dict]:
     in_reward = _spec_field("training", TrainingSpec, "kl_in_reward")
     rules = [
         _rule(
-            f"self.algorithm == 'dpo' || {kl} == 0.0 || has(self.roles.reference)",
+            f"self.algorithm == 'dpo' || self.algorithm == 'kto' || {kl} == 0.0 || has(self.roles.reference)",
             "training.kl: > 0 needs roles.reference, the frozen policy the KL is taken to: add "
             "reference: {colocateWith: actor}, or set kl to 0",
             ".training.kl",
@@ -231,7 +238,7 @@ def _algorithm_setting_rules() -> list[dict]:
         accepted = " || ".join(f"{value} == {_cel_literal(option)}" for option in field.accepted)
         rules.append(
             _rule(
-                f"self.algorithm == 'dpo' || {accepted}",
+                f"self.algorithm == 'dpo' || self.algorithm == 'kto' || {accepted}",
                 f"{field.path}: {field.valid()}: {field.why}",
                 f".{field.path}",
             )

@@ -292,9 +292,10 @@ class VolumeSpec(Spec):
 class RLTrainingJobSpec(Spec):
     """Desired state of an RL post-training run: what to train, on which GPUs, and how."""
 
-    algorithm: Literal["dpo", "ppo", "grpo"] = Field(
-        description="RL algorithm: dpo (preference pairs, no rollouts), ppo (critic and GAE), or "
-        "grpo (group-relative advantages, no critic). Immutable."
+    algorithm: Literal["dpo", "kto", "ppo", "grpo"] = Field(
+        description="RL algorithm: dpo (preference pairs, no rollouts), kto (completions labelled "
+        "desirable or not, no rollouts), ppo (critic and GAE), or grpo (group-relative advantages, no "
+        "critic). Immutable."
     )
     model: ModelSpec = Field(description="The actor's model (the one being trained). Immutable.")
     roles: RolesSpec = Field(

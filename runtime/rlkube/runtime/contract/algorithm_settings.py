@@ -94,13 +94,18 @@ def kl_is_loss_term(algorithm: str, training: TrainingSpec) -> bool:
     return algorithm == "grpo" or (algorithm == "ppo" and not training.kl_in_reward)
 
 
+# Algorithms that learn from fixed preference data (DPO's pairs, KTO's labelled completions) with
+# the DPO trainer's machinery: no reward role, no rollouts, and the DPO-only fields apply to them.
+OFFLINE_ALGORITHMS = ("dpo", "kto")
+
+
 def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
     """Settings `spec.algorithm` cannot honour, one 'path: what would be valid' line each.
 
     Empty when there are none. Paths are relative to the spec (training.kl, rollout.temperature),
     as the operator's and the runtime's error formatters expect.
     """
-    if spec.algorithm == "dpo":
+    if spec.algorithm in OFFLINE_ALGORITHMS:
         return []
     problems: list[str] = []
     reward = spec.roles.reward

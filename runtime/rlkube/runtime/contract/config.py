@@ -12,7 +12,7 @@ are errors. This module must stay importable without torch: the operator imports
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -32,6 +32,24 @@ class Spec(BaseModel):
         populate_by_name=True,
         extra="forbid",
         validate_default=True,
+    )
+
+
+class LoraSpec(Spec):
+    """Low-rank adapters (LoRA) on the actor: only the adapters train; the base weights stay frozen
+    and, with the adapters switched off, serve as the reference policy (no second copy)."""
+
+    rank: int = Field(default=8, ge=1, le=4096, description="Rank r of each adapter's A (r x in) and B (out x r).")
+    alpha: float = Field(
+        default=16.0, gt=0.0, le=1e6, description="Scale of the adapters' output: alpha / rank."
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN)]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        max_length=64,
+        description="Names (last path component) of the linear layers that get adapters, for example "
+        "q_proj, v_proj, gate_proj.",
     )
 
 
@@ -66,6 +84,11 @@ class ModelSpec(Spec):
     )
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass to save memory."
+    )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Actor only: train low-rank adapters instead of every weight. The reference is the "
+        "same weights with the adapters off, so a colocated reference costs no memory.",
     )
 
     @model_validator(mode="after")
@@ -132,6 +155,9 @@ class RolesSpec(Spec):
     @model_validator(mode="after")
     def _colocation(self) -> RolesSpec:
         roles = self.present()
+        for name, role in roles.items():
+            if role.model is not None and role.model.lora is not None:
+                raise ValueError(f"{name}.model.lora: only the actor trains adapters (set model.lora)")
         if roles["actor"].colocate_with is not None:
             raise ValueError("actor: must have gpus of its own, not colocateWith")
         if (roles["actor"].gpus or 0) < 1:
@@ -402,6 +428,16 @@ class TrainingSpec(Spec):
     )
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
+    # KTO
+    kto_desirable_weight: float = Field(
+        default=1.0, gt=0.0, le=1000.0,
+        description="KTO: weight of the loss of desirable completions (lambda_D of the KTO paper).",
+    )
+    kto_undesirable_weight: float = Field(
+        default=1.0, gt=0.0, le=1000.0,
+        description="KTO: weight of the loss of undesirable completions (lambda_U); with unbalanced data "
+        "the KTO paper keeps lambda_D * desirable / (lambda_U * undesirable) in [1, 4/3].",
+    )
 
 
 class RolloutSpec(Spec):
@@ -440,7 +476,7 @@ class CheckpointSpec(Spec):
 class RuntimeConfig(Spec):
     """Everything one trainer process needs; rendered by the operator into /etc/rlkube/run.yaml."""
 
-    algorithm: Literal["dpo", "ppo", "grpo"] = Field(description="RL algorithm.")
+    algorithm: Literal["dpo", "kto", "ppo", "grpo"] = Field(description="RL algorithm.")
     model: ModelSpec = Field(description="The actor's model.")
     roles: RolesSpec = Field(description="Roles and their device groups.")
     data: DataSpec = Field(description="Training data.")
@@ -479,6 +515,7 @@ def validate_algorithm_roles(algorithm: str, roles: RolesSpec) -> None:
         raise ValueError("roles.critic: ppo needs a critic role")
     if algorithm in ("ppo", "grpo") and roles.reward is None:
         raise ValueError(f"roles.reward: {algorithm} needs a reward role (a model or a function)")
-    if algorithm == "dpo" and roles.reward is not None:
-        raise ValueError("roles.reward: dpo learns from preference pairs and uses no reward role")
+    if algorithm in ("dpo", "kto") and roles.reward is not None:
+        data = "preference pairs" if algorithm == "dpo" else "labelled completions"
+        raise ValueError(f"roles.reward: {algorithm} learns from {data} and uses no reward role")
 

@@ -189,7 +189,9 @@ class Trainer:
         """AdamW over `module`'s parameters, registered with the lr schedule and the checkpoint."""
         t = self.config.training
         optimizer = torch.optim.AdamW(
-            module.parameters(), lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
+            # frozen weights (LoRA's base, frozen layers) get no moments
+            [p for p in module.parameters() if p.requires_grad],
+            lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, 0.95),
             fused=self.ctx.device.type == "cuda",  # one kernel for all parameters instead of a loop
         )
         self.optimizers.append(optimizer)

@@ -41,6 +41,7 @@ from rlkube.runtime.data.prefetch import Prefetcher
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
+from rlkube.runtime.engine.lora import ReferenceView, add_lora
 from rlkube.runtime.engine.models import build_causal_lm, frozen_copy, shard
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
@@ -75,11 +76,19 @@ def _progress_bar(step: int, total: int, rec: dict) -> None:
 class DPOTrainer(Trainer):
     """State of one DPO run in one process (one rank)."""
 
-    def build(self) -> None:
-        config, ctx = self.config, self.ctx
+    # Per-micro-batch sums run_step adds up (a subclass with other metrics names its own).
+    TOTAL_KEYS = ("pairs", "loss", "margin", "correct", "chosen", "tokens", "scored")
+
+    def load_data(self) -> None:
+        """The tokenizer, the training data and each sample's cost (what the batcher plans with)."""
+        config = self.config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.data = load_preference_data(config.data, self.tokenizer, config.model.tokenizer, config.output_dir)
         self.costs = sample_costs(self.data)
+
+    def build(self) -> None:
+        config, ctx = self.config, self.ctx
+        self.load_data()
         packing = config.data.packing
         lengths = None if packing or not config.data.length_bucketing else [c.longest for c in self.costs]
         try:
@@ -107,13 +116,18 @@ class DPOTrainer(Trainer):
             )
         self.flops = FlopModel.of(lm)
         ref_spec = config.roles.reference.model if config.roles.reference is not None else None
+        self.peft = add_lora(lm, config.model.lora) if config.model.lora is not None else None
         if ref_spec is not None:
             ref_lm, _ = build_causal_lm(ref_spec, ctx.device, seed=config.training.seed)
             ref_lm.eval().requires_grad_(False)
-        else:
+        elif self.peft is None:
             ref_lm = frozen_copy(lm)
         self.policy = shard(SequenceLogprobs(lm), ctx, "actor")
-        self.reference = shard(SequenceLogprobs(ref_lm), ctx, "reference")
+        if ref_spec is None and self.peft is not None:
+            # LoRA: the reference is the actor's base weights, its adapters off (no second copy)
+            self.reference = ReferenceView(self.policy)
+        else:
+            self.reference = shard(SequenceLogprobs(ref_lm), ctx, "reference")
         self.optimizer = self.adamw(self.policy)
         self.trainable = self.policy
         # the explicit block mask is for sdpa; eager/flex/flash read packed position ids
@@ -160,8 +174,7 @@ class DPOTrainer(Trainer):
         dummy = [step_costs[0]]
         while True:
             plan = self.batcher.plan(step_costs, self.ctx.world_size)[self.ctx.rank]
-            totals = {"pairs": 0, "loss": 0.0, "margin": 0.0, "correct": 0, "chosen": 0.0, "tokens": 0,
-                      "scored": 0, "seq_lens": []}
+            totals: dict = {key: 0 for key in self.TOTAL_KEYS} | {"seq_lens": []}
             failed: list[SampleCost] | None = None
             items = [(mb or dummy, 0.0 if not mb else scale) for mb in plan]
             pin = self.ctx.device.type == "cuda"
@@ -179,7 +192,7 @@ class DPOTrainer(Trainer):
                     with self.busy.phase("forward_backward"):
                         out = self.micro_batch(batch.to(self.ctx.device, non_blocking=pin), weight)
                     if weight:
-                        for key in ("pairs", "loss", "margin", "correct", "chosen", "tokens", "scored"):
+                        for key in self.TOTAL_KEYS:
                             totals[key] += out[key]
                         totals["seq_lens"].extend(out["seq_lens"])
                 return totals, plan

@@ -15,6 +15,7 @@ import torch
 from rlkube.runtime.algorithms.registry import RLAlgorithm, get_loss_agg, get_policy_loss
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
+from rlkube.runtime.engine.lora import add_lora
 from rlkube.runtime.engine.models import build_causal_lm, shard
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.infra.errors import ConfigError
@@ -35,6 +36,8 @@ class ActorWorker(RoleWorker):
         if lm.get_input_embeddings().weight.shape[0] < vocab_size:
             raise ConfigError(f"model.config.vocab_size: smaller than the tokenizer's {vocab_size}")
         self.flops = FlopModel.of(lm)
+        if config.model.lora is not None:
+            add_lora(lm, config.model.lora)  # in place: training and generation both run the adapters
         # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
         policy = shard(PolicyModel(lm, temperature=config.rollout.temperature), ctx, "actor")
         super().__init__(config, groups, policy, make_optimizer(policy))

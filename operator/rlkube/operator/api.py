@@ -68,6 +68,8 @@ from rlkube.operator.spec_types import (
 from rlkube.operator.status_types import (
     PHASES,
     Condition,
+    ModelOutputStatus,
+    OutputsStatus,
     Phase,
     PlacementStatus,
     PodPlacementStatus,
@@ -84,7 +86,7 @@ __all__ = [
     "LABEL_VALUE_PATTERN", "LIST_KIND", "MAX_GPUS_PER_POD", "MAX_JOB_NAME_LEN", "MAX_POD_INDEX_DIGITS",
     "MAX_PODS", "MAX_SLOT_NAME_LEN", "MAX_TOTAL_GPUS", "PHASES", "PLURAL", "QUANTITY_MAX_LEN",
     "QUANTITY_PATTERN", "ROLE_NAMES", "SHORT_NAMES", "SINGULAR", "VERSION",
-    "Condition", "ElasticSpec", "FieldError", "ObjectMeta", "Phase", "PlacementSpec", "PlacementStatus",
+    "Condition", "ElasticSpec", "FieldError", "ModelOutputStatus", "ObjectMeta", "OutputsStatus", "Phase", "PlacementSpec", "PlacementStatus",
     "PodPlacementStatus", "PodResources", "PodSecurity", "ProgressStatus", "ResourceList", "RLTrainingJob",
     "RLTrainingJobSpec", "RLTrainingJobStatus", "RoleStatus", "RunPolicySpec", "Status", "Toleration",
     "VolumeSpec",

@@ -4,6 +4,7 @@
     rlkube crd [--out DIR|--check DIR] print, write or check the generated CRD
     rlkube operator [ARGS...]        run the operator (kopf)
     rlkube train|run|doctor ARGS...  the trainer: hands over to `python -m rlkube.runtime`
+    rlkube export CHECKPOINT --to DIR  a committed checkpoint's model as a Hugging Face directory (runtime)
 
 Layering: this module imports neither kopf/kubernetes nor the runtime at import time. The API
 types are imported only by the verbs that need them, and the trainer verbs replace this process
@@ -20,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-RUNTIME_VERBS = ("train", "run", "doctor")
+RUNTIME_VERBS = ("train", "run", "doctor", "export")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from rlkube.runtime.contract.config import (
     BatchingSpec,
     CheckpointSpec,
     DataSpec,
+    ExportSpec,
     ModelSpec,
     RolesSpec,
     RolloutSpec,
@@ -309,6 +310,10 @@ class RLTrainingJobSpec(Spec):
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Generation settings (ppo, grpo).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    export: ExportSpec = Field(
+        default_factory=ExportSpec,
+        description="The trained model as a Hugging Face directory; its path and step appear in status.outputs.",
+    )
     placement: PlacementSpec = Field(
         default_factory=PlacementSpec, description="Packing of GPUs into pods and topology-aware placement."
     )
@@ -478,6 +483,7 @@ class RLTrainingJobSpec(Spec):
             training=self.training,
             rollout=self.rollout,
             checkpoint=self.checkpoint,
+            export=self.export,
             device_map=device_map if device_map is not None else self.device_map(),
             progress_port=PROGRESS_PORT,
         )

@@ -5,7 +5,7 @@ shape of `rlkube.operator.api.RLTrainingJobStatus`). The lifecycle decision (`li
 chooses the phase, the attempt and the placement; this module derives what follows from them and
 from the observed pods: conditions in the built-in controllers' shape (lastTransitionTime kept
 while a condition's status does not change), observedGeneration, per-role readiness, the
-placement as status, progress, restarts.
+placement as status, progress, outputs (the model the run exported), restarts.
 
 Three fields exist so that a restarted operator continues where the last one stopped, declared
 in the API like the others: `attempt` (gang generation: label rlkube.io/attempt, RLKUBE_ATTEMPT),
@@ -22,7 +22,15 @@ from typing import Any
 
 from rlkube.operator.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
-from rlkube.runtime.contract.progress import PROGRESS_FIELDS
+from rlkube.runtime.contract.config import MAX_PATH_LEN
+from rlkube.runtime.contract.progress import (
+    OUTPUT_MODEL,
+    OUTPUT_PATH,
+    OUTPUT_STEP,
+    OUTPUTS,
+    PROGRESS_FIELDS,
+    STATUS_OUTPUTS,
+)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -173,6 +181,38 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
     return out
 
 
+def outputs_status(report: Mapping[str, Any]) -> dict | None:
+    """status.outputs from a /progress report: its model export when well formed (a path of at
+    most MAX_PATH_LEN characters and a non-negative integer step), else None."""
+    outputs = report.get(OUTPUTS)
+    model = outputs.get(OUTPUT_MODEL) if isinstance(outputs, Mapping) else None
+    if not isinstance(model, Mapping):
+        return None
+    path, step = model.get(OUTPUT_PATH), model.get(OUTPUT_STEP)
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH_LEN:
+        return None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    return {OUTPUT_MODEL: {OUTPUT_PATH: path, OUTPUT_STEP: step}}
+
+
+def kept_outputs(progress: Mapping[str, Any] | None, old: Mapping[str, Any]) -> dict | None:
+    """status.outputs from a fresh report, else the last one: a report without an export (a new
+    attempt before its first, say) leaves the last export's directory where it was."""
+    outputs = outputs_status(progress) if progress is not None else None
+    return dict(outputs or old.get(STATUS_OUTPUTS) or {}) or None
+
+
+def exported_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """The message of an Exported Event when status.outputs' model changed from `old` to `new`
+    (whole statuses), else None."""
+    before = (old.get(STATUS_OUTPUTS) or {}).get(OUTPUT_MODEL)
+    after = (new.get(STATUS_OUTPUTS) or {}).get(OUTPUT_MODEL)
+    if not after or after == before:
+        return None
+    return f"model exported to {after[OUTPUT_PATH]} at step {after[OUTPUT_STEP]}"
+
+
 # -- the whole status -------------------------------------------------------------------------
 
 
@@ -244,6 +284,8 @@ def summarize(
         status["progress"] = progress_status(progress, now)
     elif old.get("progress"):
         status["progress"] = dict(old["progress"])
+    if outputs := kept_outputs(progress, old):
+        status[STATUS_OUTPUTS] = outputs
     for key, value in (
         ("startTime", lifecycle.start_time),
         ("completionTime", lifecycle.completion_time),
@@ -265,7 +307,7 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict | None:
     """
     owned = {
         "phase", "conditions", "observedGeneration", "restarts", "attempt", "gpus", "roles",
-        "placement", "progress", "startTime", "completionTime", "nextAttemptTime", "admissionTime",
+        "placement", "progress", "outputs", "startTime", "completionTime", "nextAttemptTime", "admissionTime",
     }
     patch: dict[str, Any] = {}
     for key in owned | set(new):

@@ -19,7 +19,7 @@ from rlkube.operator.api_limits import (
     MAX_PODS,
     MAX_TOTAL_GPUS,
 )
-from rlkube.runtime.contract.config import MAX_NAME_LEN, ROLE_NAMES
+from rlkube.runtime.contract.config import MAX_NAME_LEN, MAX_PATH_LEN, ROLE_NAMES
 from rlkube.runtime.contract.pod import LABEL_POD_INDEX
 
 
@@ -118,6 +118,22 @@ class ProgressStatus(Status):
     updated_at: datetime | None = Field(default=None, description="When this was last read.")
 
 
+class ModelOutputStatus(Status):
+    """A Hugging Face model directory the run exported (config.json, safetensors, tokenizer)."""
+
+    path: str = Field(
+        max_length=MAX_PATH_LEN,
+        description="Directory in the trainer's pods (on the checkpoint volume unless export.dir moves it).",
+    )
+    step: int = Field(ge=0, description="Optimizer steps the exported weights have been trained for.")
+
+
+class OutputsStatus(Status):
+    """What the run left for users to serve, as rank 0 last reported it."""
+
+    model: ModelOutputStatus | None = Field(default=None, description="The latest export of the trained actor.")
+
+
 class RLTrainingJobStatus(Status):
     """Observed state of the job, written by the operator."""
 
@@ -143,6 +159,9 @@ class RLTrainingJobStatus(Status):
     )
     placement: PlacementStatus | None = Field(default=None, description="Where the gang's pods run.")
     progress: ProgressStatus | None = Field(default=None, description="Training progress.")
+    outputs: OutputsStatus | None = Field(
+        default=None, description="What the run exported (the trained model's directory and step)."
+    )
     restarts: int = Field(
         default=0, ge=0, description="Gang restarts so far after retriable failures (counted against "
         "runPolicy.backoffLimit)."

@@ -1,4 +1,4 @@
-"""`python -m rlkube.runtime VERB`: run / train CONFIG, doctor [--require ...].
+"""`python -m rlkube.runtime VERB`: run / train CONFIG, doctor [--require ...], export CHECKPOINT --to DIR.
 
 `run` (and its alias `train`) reads the runtime config (a RuntimeConfig as camelCase YAML, the
 path as argument or in RLKUBE_CONFIG), validates it before anything starts — a bad config exits
@@ -6,6 +6,9 @@ path as argument or in RLKUBE_CONFIG), validates it before anything starts — a
 is the in-process entry point: it dispatches on `config.algorithm` ("dpo" -> trainer.py,
 "ppo"/"grpo" -> rl_trainer.py) and maps outcomes to the exit codes of the contract
 (`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
+
+`export` writes the Hugging Face directory of a committed checkpoint's actor (infra/export.py), on
+CPU in this one process; exit 3 with the argument named when the checkpoint or a path is wrong.
 """
 
 from __future__ import annotations
@@ -106,6 +109,21 @@ def run_in_process(config: RuntimeConfig) -> int:
         raise
 
 
+def export(checkpoint: str, to: str, tokenizer: str | None, overwrite: bool) -> int:
+    """The `export` verb: one JSON line naming the directory and step, or exit 3 and why."""
+    import json
+
+    from rlkube.runtime.infra.export import export_checkpoint
+
+    try:
+        record = export_checkpoint(Path(checkpoint), Path(to), tokenizer, overwrite)
+    except ConfigError as e:
+        print(f"export error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(record))
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlkube.runtime", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb")
@@ -114,6 +132,11 @@ def _parser() -> argparse.ArgumentParser:
         v.add_argument("config", nargs="?", default=os.environ.get(ENV_CONFIG), help="config path")
     d = verbs.add_parser("doctor", help="print device information; check required capabilities")
     d.add_argument("--require", default="", help="comma-separated: cuda,nccl,flash_attn")
+    e = verbs.add_parser("export", help="write a committed checkpoint's model as a Hugging Face directory")
+    e.add_argument("checkpoint", help="a step-NNNNNNNNN directory, or a checkpoint directory (its latest)")
+    e.add_argument("--to", required=True, metavar="DIR", help="the model directory to write")
+    e.add_argument("--tokenizer", metavar="DIR", help="the tokenizer, when the run's is not at its path here")
+    e.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
     return parser
 
 
@@ -123,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         from rlkube.runtime.infra.doctor import main as doctor
 
         return doctor([c for c in ns.require.split(",") if c])
+    if ns.verb == "export":
+        return export(ns.checkpoint, ns.to, ns.tokenizer, ns.overwrite)
     if ns.verb not in ("run", "train"):
         _parser().print_help(sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
 from rlkube.operator.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
-from rlkube.operator.status import Lifecycle, condition, placement_from_status, summarize
+from rlkube.operator.status import Lifecycle, condition, exported_message, placement_from_status, summarize
 
 
 @dataclass
@@ -160,6 +160,9 @@ class Decider:
         # the termination message); a restarting or suspended gang keeps its last one.
         progress = self.progress if phase in ("Running", "Succeeded", "Failed") else None
         status = summarize(self.job, self.pods, progress, self.now, lifecycle, self.pod_names())
+        exported = exported_message(self.job.status, status)
+        if exported is not None:
+            self.event("Normal", "Exported", exported)
         return Decision(
             status=status,
             create=tuple(create),

@@ -428,6 +428,14 @@ class TrainingSpec(Spec):
     )
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
+    trainable_modules: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Partial freezing: train only the actor's parameters whose name in the Hugging Face "
+        "model contains one of these strings (for example ['layers.1.', 'lm_head']); the others get no "
+        "gradient, no optimizer state and no gradient reduction. Unset: every parameter trains.",
+    )
     # KTO
     kto_desirable_weight: float = Field(
         default=1.0, gt=0.0, le=1000.0,
@@ -473,6 +481,22 @@ class CheckpointSpec(Spec):
     )
 
 
+class ExportSpec(Spec):
+    """The trained actor as a Hugging Face model directory (config, safetensors, tokenizer)."""
+
+    enabled: bool = Field(default=True, description="Export at the end of training (and every everySteps).")
+    dir: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LEN,
+        description="Directory of the export in the pod, replaced atomically by each export. Unset: "
+        "<checkpoint.dir>/export, on the checkpoint volume.",
+    )
+    every_steps: int | None = Field(
+        default=None, ge=1, le=100_000_000,
+        description="Also export every N steps. Unset: only after the last step.",
+    )
+
+
 class RuntimeConfig(Spec):
     """Everything one trainer process needs; rendered by the operator into /etc/rlkube/run.yaml."""
 
@@ -484,6 +508,7 @@ class RuntimeConfig(Spec):
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimizer and algorithm knobs.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Generation (PPO, GRPO).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    export: ExportSpec = Field(default_factory=ExportSpec, description="Hugging Face export of the trained model.")
     device_map: dict[str, list[int]] | None = Field(
         default=None,
         description="Global ranks of each role. Written by the operator; computed from roles when unset.",

@@ -26,6 +26,7 @@ ATTEMPT = "attempt"                    # gang restart attempt, from the pod's en
 GPU_BUSY_PHASES = "gpuBusyPhases"      # {phase: GPU busy ratio 0..1 within it, mean over ranks}, last step
 PHASE_SECONDS = "phaseSeconds"         # {phase: seconds rank 0 spent in it}, last step
 STARTUP_SECONDS = "startupSeconds"     # {import, modelLoad, firstStep, total}: process start -> first step
+OUTPUTS = "outputs"                    # {"model": {"path", "step"}}: the latest model export (infra/export.py)
 
 # The trainer's stages, the values of PHASE.
 PHASE_STARTING = "starting"
@@ -47,10 +48,19 @@ STATUS_PROGRESS: dict[str, str | None] = {
     GPU_BUSY_PHASES: None,
     PHASE_SECONDS: None,
     STARTUP_SECONDS: None,
+    OUTPUTS: None,  # not status.progress: copied whole into status.outputs (STATUS_OUTPUTS)
 }
 REPORT_FIELDS: tuple[str, ...] = tuple(STATUS_PROGRESS)
 # The fields the operator reads from a report: the trainer's phase and those it copies.
 PROGRESS_FIELDS: tuple[str, ...] = (PHASE, *(key for key, field in STATUS_PROGRESS.items() if field))
+
+# What the run left for users, copied from a report into the job's status field of that name
+# (status.py outputs_status; status_types.OutputsStatus); the operator posts an Event `Exported`
+# when it changes. OUTPUT_MODEL is the Hugging Face directory of the trained actor.
+STATUS_OUTPUTS = "outputs"
+OUTPUT_MODEL = "model"
+OUTPUT_PATH = "path"
+OUTPUT_STEP = "step"
 
 # The termination message: the kubelet copies this file into the pod's status, where the operator
 # finds the last report even when the run ended between two polls.

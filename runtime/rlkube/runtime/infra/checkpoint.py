@@ -154,9 +154,11 @@ class Checkpointer:
             if ctx.initialized:  # collective: every rank builds its Checkpointer at the same point
                 self._group = tdist.new_group(backend="gloo")
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict) -> Path:
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict,
+             model_meta: dict | None = None) -> Path:
         """Checkpoint after `step` steps; returns once the state is safe from training (staged, or
-        written and committed when not in the background). Collective."""
+        written and committed when not in the background). Collective. `model_meta` (export.model_meta:
+        what the model is) is kept in the metadata, so the checkpoint can be exported on its own."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -169,6 +171,8 @@ class Checkpointer:
         model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         meta = {"step": step, "worldSize": ctx.world_size, "trainer": trainer, "attempt": attempt_from_env()}
+        if model_meta is not None:
+            meta["model"] = model_meta
         if self.background:
             state = self._stage(state)
             self._writer = threading.Thread(target=self._write_in_background, args=(step, tmp, state, meta),

@@ -32,9 +32,11 @@ from typing import TypeVar
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.engine.freezing import parameter_budget
 from rlkube.runtime.infra.checkpoint import Checkpointer
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import NonFiniteLoss
+from rlkube.runtime.infra.export import Exporter, model_meta
 from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for, step_fields
 from rlkube.runtime.infra.log import log
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
@@ -177,6 +179,12 @@ class Trainer:
     def finish(self, result: TrainResult) -> None:
         """Add what the trainer reports at the end of a run to `result`."""
 
+    def export_source(self) -> tuple[torch.nn.Module, str] | None:
+        """The trained actor on this rank, for the Hugging Face export (infra/export.py): the
+        module whose `.lm` is the HF model (as sharded for training) and its name prefix in
+        `trainable`; None on a rank that does not hold the actor."""
+        return None
+
     def observe(self, rec: dict, job: JobBusy) -> None:
         """After step `rec` and its busy window `job` (every rank's): what the trainer adapts."""
 
@@ -245,10 +253,12 @@ class Trainer:
             result.records.append(rec)
             return rec
 
-        start = {**self.start_event(), "startupSeconds": self.startup.seconds()}
+        # parameter_budget: what partial freezing (training.trainableModules) saves, in numbers
+        start = {**self.start_event(), "startupSeconds": self.startup.seconds(), **parameter_budget(self.trainable)}
         try:
             run_steps(self.config, self.ctx, self.start_step, start, one_step, self.save,
-                      self.progress_fields, report=self.report(), busy_ranks=lambda: self.job_busy.ranks)
+                      self.progress_fields, report=self.report(), busy_ranks=lambda: self.job_busy.ranks,
+                      export=self.export)
         finally:
             try:
                 self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
@@ -259,7 +269,18 @@ class Trainer:
 
     def save(self, step: int) -> None:
         with self.busy.phase("checkpoint"):  # the stall: waiting for the previous write, staging
-            self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state())
+            self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state(),
+                                   model_meta=self.model_meta())
+
+    def model_meta(self) -> dict | None:
+        """What a checkpoint records of the actor's model, so `rlkube export` needs nothing else."""
+        source = self.export_source()
+        return model_meta(source[0].lm, self.config.model, source[1]) if source else None
+
+    def export(self, step: int) -> dict | None:
+        """The HF export after `step` steps when due; its /progress fields on rank 0."""
+        source = self.export_source()
+        return Exporter(self.config, self.ctx.is_main)(step, source[0] if source else None)
 
 
 def run_trainer(

@@ -40,6 +40,7 @@ from rlkube.runtime.data.preferences import PreferenceData, load_preference_data
 from rlkube.runtime.data.prefetch import Prefetcher
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
+from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.lora import ReferenceView, add_lora
 from rlkube.runtime.engine.models import build_causal_lm, frozen_copy, shard
@@ -122,6 +123,7 @@ class DPOTrainer(Trainer):
             ref_lm.eval().requires_grad_(False)
         elif self.peft is None:
             ref_lm = frozen_copy(lm)
+        apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
         self.policy = shard(SequenceLogprobs(lm), ctx, "actor")
         if ref_spec is None and self.peft is not None:
             # LoRA: the reference is the actor's base weights, its adapters off (no second copy)
@@ -135,6 +137,9 @@ class DPOTrainer(Trainer):
         # sdpa's masked kernel computes whole rows: keep packed rows at maxSeqLen. flash-attn's
         # varlen path wants one row (it reads sequence boundaries from the position ids).
         self.row_tokens = config.data.max_seq_len if self.attention in ("sdpa", "eager") else None
+
+    def export_source(self) -> tuple[torch.nn.Module, str]:
+        return self.policy, ""
 
     def trainer_state(self) -> dict:
         return {"batcher": self.batcher.state_dict(), "seed": self.config.training.seed}

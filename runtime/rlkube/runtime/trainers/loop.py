@@ -86,6 +86,7 @@ def run_steps(
     progress_fields: Callable[[dict], dict],
     report: Callable[[int, dict], None] | None = None,
     busy_ranks: Callable[[], list[dict]] | None = None,
+    export: Callable[[int], dict | None] | None = None,
 ) -> None:
     """Run steps `start_step` .. `training.steps - 1`.
 
@@ -94,7 +95,9 @@ def run_steps(
     checkpoints after n steps (collective); `progress_fields(rec)` is what else /progress shows
     of a record (rewardMean, extra); `report(n, rec)` prints it on rank 0 (default: a JSON line);
     `busy_ranks()` is every rank's busy row of the last step (gpu_busy.JobBusy.ranks), exported
-    on /metrics. Raises Terminated after checkpointing when SIGTERM arrived, NonFiniteLoss from a step.
+    on /metrics; `export(n)` exports the model after n steps when due (collective over the actor's
+    ranks) and returns the /progress fields that say so. Raises Terminated after checkpointing
+    when SIGTERM arrived, NonFiniteLoss from a step.
     """
     total = cfg.training.steps
     progress = Progress(total) if ctx.is_main else None
@@ -125,6 +128,10 @@ def run_steps(
             stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0
             if done % cfg.checkpoint.every_steps == 0 or done == total or stop:
                 save(done)
+            if export is not None and not stop:  # a stopped run's checkpoint is exported later, if wanted
+                exported = export(done)
+                if progress is not None and exported:
+                    progress.update(**exported)
             if stop:
                 raise Terminated(done)
         if progress is not None:

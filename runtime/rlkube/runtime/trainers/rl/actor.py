@@ -14,6 +14,7 @@ import torch
 
 from rlkube.runtime.algorithms.registry import RLAlgorithm, get_loss_agg, get_policy_loss
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.lora import add_lora
 from rlkube.runtime.engine.models import build_causal_lm, shard
@@ -38,6 +39,7 @@ class ActorWorker(RoleWorker):
         self.flops = FlopModel.of(lm)
         if config.model.lora is not None:
             add_lora(lm, config.model.lora)  # in place: training and generation both run the adapters
+        apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
         # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
         policy = shard(PolicyModel(lm, temperature=config.rollout.temperature), ctx, "actor")
         super().__init__(config, groups, policy, make_optimizer(policy))

@@ -259,6 +259,9 @@ class RLTrainer(Trainer):
                 "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
                 "peakSource": self.peak_source, "hybridEngineSharded": bool(engine and engine.sharded)}
 
+    def export_source(self) -> tuple[torch.nn.Module, str] | None:
+        return (self.actor.model, "actor.") if self.actor else None
+
     def progress_fields(self, rec: dict) -> dict:
         return {"rewardMean": rec["rewardMean"],
                 "extra": {k: rec[k] for k in TIMINGS if isinstance(rec.get(k), (int, float))}}

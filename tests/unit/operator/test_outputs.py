@@ -1,0 +1,75 @@
+"""status.outputs: the model a run exported, copied from rank 0's /progress report, kept between
+polls and attempts, and announced once by an Event `Exported` naming its path and step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from operator_builders import World, at, job, node
+
+from rlkube.operator import lifecycle
+from rlkube.operator.api import RLTrainingJobStatus
+from rlkube.operator.status import exported_message, outputs_status, status_patch
+
+FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
+EXPORT = {"model": {"path": "/checkpoints/export", "step": 40}}
+
+
+def running_world() -> World:
+    w = World(job(), [node("a", 4), node("b", 4)], FAST)
+    w.step(at(0))
+    w.step(at(1))
+    w.bind_all()
+    w.step(at(3))
+    assert w.status["phase"] == "Running", w.status
+    return w
+
+
+@pytest.mark.parametrize("report, expected", [
+    ({"step": 40, "outputs": EXPORT}, EXPORT),
+    ({"step": 40}, None),
+    ({"outputs": None}, None),
+    ({"outputs": {"model": {"path": "", "step": 1}}}, None),
+    ({"outputs": {"model": {"path": "/x", "step": -1}}}, None),
+    ({"outputs": {"model": {"path": "/x", "step": True}}}, None),
+    ({"outputs": {"model": {"path": "/x" * 600, "step": 1}}}, None),  # longer than the schema allows
+    ({"outputs": {"model": {"path": "/x", "step": 3, "extra": 1}}}, {"model": {"path": "/x", "step": 3}}),
+])
+def test_outputs_from_a_progress_report(report, expected):
+    assert outputs_status(report) == expected
+    if expected is not None:  # what the function writes is what the CRD's schema accepts
+        assert RLTrainingJobStatus.model_validate({"outputs": expected}).outputs.model.step == expected["model"]["step"]
+
+
+def test_exported_message_only_when_the_model_changes():
+    assert exported_message({}, {"outputs": EXPORT}) == "model exported to /checkpoints/export at step 40"
+    assert exported_message({"outputs": EXPORT}, {"outputs": EXPORT}) is None
+    later = {"model": {"path": "/checkpoints/export", "step": 80}}
+    assert exported_message({"outputs": EXPORT}, {"outputs": later}) == "model exported to /checkpoints/export at step 80"
+    assert exported_message({"outputs": EXPORT}, {}) is None
+    assert status_patch({"outputs": EXPORT}, {"outputs": later}) == {"outputs": {"model": {"step": 80}}}
+
+
+def test_outputs_land_in_status_with_one_exported_event_and_survive_later_reports():
+    w = running_world()
+    w.step(at(10), progress={"step": 40, "totalSteps": 80, "outputs": EXPORT})
+    assert w.status["outputs"] == EXPORT
+    assert [e.message for e in w.events if e.reason == "Exported"] == ["model exported to /checkpoints/export at step 40"]
+    w.step(at(11), progress={"step": 41, "totalSteps": 80})  # a report without outputs keeps them
+    w.step(at(12))
+    assert w.status["outputs"] == EXPORT
+    assert [e.reason for e in w.events].count("Exported") == 1
+
+
+def test_the_final_export_in_the_termination_message_reaches_status_and_an_event():
+    w = running_world()
+    final = json.dumps({"progress": {"phase": "succeeded", "step": 80, "totalSteps": 80,
+                                     "outputs": {"model": {"path": "/checkpoints/export", "step": 80}}}})
+    for i, name in enumerate(sorted(w.pods)):
+        w.set_pod(name, "Succeeded", exit_code=0, message=final if i == 0 else "")
+    w.step(at(12))
+    assert w.status["phase"] == "Succeeded"
+    assert w.status["outputs"] == {"model": {"path": "/checkpoints/export", "step": 80}}
+    exported = [e for e in w.events if e.reason == "Exported"]
+    assert len(exported) == 1 and exported[0].type == "Normal" and "step 80" in exported[0].message

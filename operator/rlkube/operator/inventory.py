@@ -88,6 +88,20 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def node_exclusion(node: Mapping[str, Any], tolerations: Sequence[Any] = ()) -> str | None:
+    """Why placement cannot use `node` for pods with `tolerations`, in words; None when it can."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "are cordoned (spec.unschedulable)"
+    if not _node_ready(node):
+        return "are not Ready"
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, tolerations):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"have taint {taint.get('key')}{value}:{taint.get('effect')} the pods do not tolerate"
+    return None
+
+
 def inventory_from_objects(
     nodes: list[dict],
     pods: list[dict],
@@ -114,11 +128,7 @@ def inventory_from_objects(
     inventory = []
     for node in nodes:
         meta = node.get("metadata") or {}
-        spec = node.get("spec") or {}
-        if spec.get("unschedulable") or not _node_ready(node):
-            continue
-        blocking = [t for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
-        if any(not _tolerated(t, tolerations) for t in blocking):
+        if node_exclusion(node, tolerations) is not None:
             continue
         name = meta["name"]
         allocatable = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(resource))

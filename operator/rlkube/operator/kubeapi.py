@@ -244,10 +244,14 @@ class KubeAPI:
                      body={"data": dict(data)}, content_type="application/merge-patch+json",
                      query={"fieldManager": FIELD_MANAGER})
 
-    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None, grace_seconds: int | None = None) -> None:
+        """Delete a pod; `grace_seconds=0` force-deletes it (a pod stranded on a lost node, whose
+        kubelet will never confirm it gone), as Kubernetes' non-graceful node shutdown does."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", body=body)
         except ApiError as exc:

@@ -50,6 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="wait before the first gang restart; doubles per restart")
     p.add_argument("--backoff-max-seconds", type=float, default=Settings.backoff_max_seconds)
     p.add_argument("--unschedulable-retry-seconds", type=float, default=Settings.unschedulable_retry_seconds)
+    p.add_argument("--node-lost-grace-seconds", type=float, default=Settings.node_lost_grace_seconds,
+                   help="a node not Ready this long is lost: its pods are force-deleted, the gang re-planned")
+    p.add_argument("--node-lost-counts", action="store_true",
+                   help="a gang restart after a node loss counts against the job's backoffLimit")
     p.add_argument("--watch-server-timeout", type=int, default=300,
                    help="seconds after which the API server ends each watch (kopf reconnects)")
     p.add_argument("--watch-client-timeout", type=int, default=330,
@@ -109,6 +113,8 @@ def run(argv: list[str] | None = None) -> int:
         backoff_base_seconds=args.backoff_base_seconds,
         backoff_max_seconds=args.backoff_max_seconds,
         unschedulable_retry_seconds=args.unschedulable_retry_seconds,
+        node_lost_grace_seconds=args.node_lost_grace_seconds,
+        node_lost_counts=args.node_lost_counts,
     )
     reconciler = Reconciler(api, settings, metrics)
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkube.operator.api import API_VERSION, KIND, RLTrainingJobSpec, parse_spec, spec_errors
+from rlkube.runtime.contract import failure as run_failure
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT, LABEL_JOB, LABEL_POD_INDEX  # noqa: F401 (LABEL_JOB re-exported)
 
 GANG_GATE = "rlkube.io/gang"
@@ -78,6 +79,9 @@ class PodView:
     # The trainer's last /progress report, from its termination message (rank 0 writes it as
     # {"progress": {...}} when training ends); None when it left none.
     final_progress: Mapping[str, Any] | None = None
+    # Why the trainer failed, one line, from its termination message's error entry
+    # (contract/failure.py): "config error: data.source: ... does not exist"; None when it left none.
+    failure: str | None = None
 
     @property
     def gated(self) -> bool:
@@ -111,12 +115,13 @@ class PodView:
         terminated = state.get("terminated")
         waiting = state.get("waiting")
         exit_code = _int_or_none(terminated.get("exitCode")) if terminated else None
-        final_progress = _final_progress(terminated.get("message")) if terminated else None
+        body = _termination_body(terminated.get("message")) if terminated else None
+        final_progress = _final_progress(body)
         reason = status.get("reason") or ""
         message = status.get("message") or ""
         if not reason and terminated:
             reason = terminated.get("reason") or ""
-            if final_progress is None:  # a report is data, not a message for people
+            if body is None:  # a report is data, not a message for people
                 message = message or terminated.get("message") or ""
         if not reason and waiting:
             reason = waiting.get("reason") or ""
@@ -143,19 +148,39 @@ class PodView:
             pod_ip=status.get("podIP") or None,
             raw=obj,
             final_progress=final_progress,
+            failure=_failure(body),
         )
 
 
-def _final_progress(message: str | None) -> Mapping[str, Any] | None:
-    """The report in a trainer's termination message `{"progress": {...}}`, else None."""
+def _termination_body(message: str | None) -> Mapping[str, Any] | None:
+    """A trainer's termination message as the JSON object it writes, else None."""
     if not message or not message.lstrip().startswith("{"):
         return None
     try:
         body = json.loads(message)
     except ValueError:
         return None
-    report = body.get("progress") if isinstance(body, dict) else None
+    return body if isinstance(body, dict) else None
+
+
+def _final_progress(body: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The report in a trainer's termination message `{"progress": {...}}`, else None."""
+    report = (body or {}).get("progress")
     return report if isinstance(report, dict) else None
+
+
+def _failure(body: Mapping[str, Any] | None) -> str | None:
+    """The error entry of a termination message as one line for people, naming the field."""
+    error = (body or {}).get(run_failure.TERMINATION_ERROR_KEY)
+    if not isinstance(error, dict):
+        return None
+    category = str(error.get(run_failure.ERROR_EXIT) or run_failure.ERROR_CRASH)
+    field = str(error.get(run_failure.ERROR_FIELD) or "")
+    text = " ".join(str(error.get(run_failure.ERROR_MESSAGE) or "").split())
+    if field and field not in text:
+        text = f"{field}: {text}"
+    words = {run_failure.ERROR_CONFIG: "config error", run_failure.ERROR_NON_FINITE: "non-finite loss"}
+    return f"{words.get(category, category)}: {text}"[:1024]
 
 
 def pod_views(objs: list[Mapping[str, Any]]) -> list[PodView]:
@@ -197,6 +222,7 @@ class JobView:
     spec_error: str | None      # every spec problem, one per line, with its field path
     status: Mapping[str, Any]
     deleting: bool
+    created: str = ""           # metadata.creationTimestamp: the job's place in the queue (lifecycle/fifo.py)
 
     @property
     def name(self) -> str:
@@ -230,6 +256,7 @@ class JobView:
             spec_error=error,
             status=dict(obj.get("status") or {}),
             deleting=bool(meta.get("deletionTimestamp")),
+            created=str(meta.get("creationTimestamp") or ""),
         )
 
 

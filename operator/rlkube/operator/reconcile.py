@@ -6,9 +6,11 @@ calls `lifecycle.decide`, lists nodes and bound pods only when the decision need
 inventory, and applies the decision in the order that keeps every crash recoverable:
 
 1. status (merge patch with the job's resourceVersion: a stale decision fails with Conflict and
-   is recomputed, never recorded);
+   is recomputed, never recorded); a child the API server refuses as invalid (422) fails the job
+   in the same reconcile (lifecycle/rejection.py);
 2. a queued job's Kueue Workload: created, or its status written (release, finish);
-   then pod deletions; 3. creations (AlreadyExists is success: names are deterministic);
+   then pod deletions (grace 0 for pods stranded on a lost node);
+3. creations (AlreadyExists is success: names are deterministic);
 4. gate removals (JSON patch with `test` ops: only that attempt's pod, only our gate);
 5. Events; 6. deleting the job itself (ttlSecondsAfterFinished, with a uid precondition).
 """
@@ -25,8 +27,9 @@ from typing import Any
 
 from rlkube.operator import kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
-from rlkube.operator.kubeapi import KubeAPI
+from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle import Decision, Settings, cluster_view, decide
+from rlkube.operator.lifecycle.rejection import rejected
 from rlkube.operator.metrics import Metrics
 from rlkube.operator.observed import GANG_GATE, LABEL_JOB, JobView, owned_by, pod_views
 from rlkube.operator.progress_client import poll_progress
@@ -53,6 +56,14 @@ def final_report(job: JobView, pods: list) -> Mapping[str, Any] | None:
     return rank0.final_progress if rank0 is not None else None
 
 
+class Rejected(Exception):
+    """The API server refused to create a child as invalid (422): retrying cannot help."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(f"the API server refused {kind} {name}: {message}")
+        self.kind, self.name, self.message = kind, name, message
+
+
 class InventoryCache:
     """Nodes and GPU-holding pods, listed at most every `ttl` seconds, plus the pods this
     operator created since the last listing began (a list cannot contain those yet).
@@ -73,6 +84,7 @@ class InventoryCache:
         # pod key -> [when its create request finished (None: not yet), the pod]
         self._ledger: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
+        self._jobs: tuple[float, str | None, list[dict]] | None = None  # (listed with, namespace, jobs)
 
     def get(self, fresh: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
         """(nodes, bound pods, unbound rlkube pods incl. the ledger's); `fresh`: list now."""
@@ -110,6 +122,19 @@ class InventoryCache:
 
     def invalidate(self) -> None:
         self._snapshot = None
+
+    def jobs(self, namespace: str) -> list[dict]:
+        """The RLTrainingJobs planning queues behind (lifecycle/fifo.py), listed with the nodes:
+        all namespaces', or `namespace`'s where the operator may read only the ones it watches."""
+        if self._jobs is None or self._jobs[0] != self._taken:
+            try:
+                self._jobs = (self._taken, None, self.api.list_jobs(None))
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                self._jobs = (self._taken, namespace, self.api.list_jobs(namespace))
+        scope = self._jobs[1]
+        return self._jobs[2] if scope is None or scope == namespace else self.api.list_jobs(namespace)
 
 
 class Reconciler:
@@ -155,28 +180,54 @@ class Reconciler:
             kueue = self._kueue(job)
             now = self.clock()
             decision = decide(job, pods, now, None, report, self.settings, *kueue)
-            if not decision.need_cluster:
-                self.apply(job, decision)
-            else:
-                # Planning and admission read the GPU inventory one job at a time; a plan's pods
-                # enter the inventory's ledger before the lock is released, so the next plan counts
-                # them even while their creates are still in flight (see InventoryCache).
-                with self._inventory_lock:
-                    decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
-                    self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
-
-                created = [o for o in decision.create if o["kind"] == "Pod"]
-                try:
-                    self.apply(job, decision)
-                except Exception:
-                    self.inventory.invalidate()  # what was created is unknown: list afresh
-                    raise
-                finally:
-                    self.inventory.settle(created)
+            try:
+                decision = self._decide_and_apply(job, pods, objs, now, report, kueue, decision)
+            except Rejected as refused:
+                decision = self._reject(job, refused) or decision
             action = decision.action
             return decision
         finally:
             self.metrics.observe_reconcile(action, time.monotonic() - started)
+
+    def _decide_and_apply(self, job: JobView, pods: list, objs: list[dict], now: dt.datetime,
+                          report: Mapping[str, Any] | None, kueue: tuple[dict | None, int | None],
+                          decision: Decision) -> Decision:
+        """Apply `decision`, or, when it needs the GPU inventory, decide again on it and apply that."""
+        if not decision.need_cluster:
+            self.apply(job, decision)
+        else:
+            # Planning and admission read the GPU inventory one job at a time; a plan's pods
+            # enter the inventory's ledger before the lock is released, so the next plan counts
+            # them even while their creates are still in flight (see InventoryCache).
+            with self._inventory_lock:
+                decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
+                self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
+
+            created = [o for o in decision.create if o["kind"] == "Pod"]
+            try:
+                self.apply(job, decision)
+            except Exception:
+                self.inventory.invalidate()  # what was created is unknown: list afresh
+                raise
+            finally:
+                self.inventory.settle(created)
+        return decision
+
+    def _reject(self, job: JobView, refused: Rejected) -> Decision | None:
+        """The API server refused a child (422): fail the job naming the field, in this reconcile
+        (lifecycle/rejection.py). The job is read again: the decision that was being applied wrote
+        its status already."""
+        logger.warning("%s/%s: %s", job.namespace, job.name, refused)
+        body = self.api.get_job(job.namespace, job.name)
+        if body is None:
+            return None
+        fresh = JobView.from_object(body)
+        objs = [p for p in self.api.list_pods(job.namespace, f"{LABEL_JOB}={job.name}") if owned_by(p, fresh.ref.uid)]
+        decision = rejected(fresh, pod_views(objs), self.clock(), refused.kind, refused.name, refused.message,
+                            self.settings)
+        if decision is not None:
+            self.apply(fresh, decision)
+        return decision
 
     def _kueue(self, job: JobView) -> tuple[dict | None, int | None]:
         """(the job's Workload, the value of its priority class) for a job queued in Kueue."""
@@ -198,7 +249,8 @@ class Reconciler:
         `ttl` seconds are not in it. It is decided again on a listing taken now."""
         def on(listing: tuple[list[dict], list[dict], list[dict]]) -> Decision:
             nodes, bound, planned = listing
-            cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs)
+            cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs,
+                                   jobs=self.inventory.jobs(job.namespace))
             return decide(job, pods, now, cluster, report, self.settings, *kueue)
 
         decision = on(self.inventory.get())
@@ -227,13 +279,15 @@ class Reconciler:
             self.api.patch_workload_status(ns, kueue_workload.workload_name(name), decision.workload_status)
         for pod in decision.delete:
             self.api.delete_pod(ns, pod)
+        for pod in decision.force_delete:  # stranded on a lost node: no kubelet will confirm it gone
+            self.api.delete_pod(ns, pod, grace_seconds=0)
         pods = [obj for obj in decision.create if obj["kind"] == "Pod"]
         for obj in decision.create:
             if obj["kind"] != "Pod":  # Service and ConfigMap first: pods mount and resolve them
-                if not self.api.create(obj) and obj["kind"] == "ConfigMap":
+                if not self._create(obj) and obj["kind"] == "ConfigMap":
                     self._refresh_configmap(obj)
         # A gang's pods are independent requests: create them concurrently (one round trip).
-        list(self._writers.map(self.api.create, pods))
+        list(self._writers.map(self._create, pods))
         list(self._writers.map(lambda g: self.api.remove_gate(ns, g.name, g.position, GANG_GATE, g.attempt),
                                decision.ungate))
         for event in decision.events:
@@ -244,6 +298,14 @@ class Reconciler:
         if decision.action not in ("wait", "observe"):
             logger.info("%s/%s: %s -> %s (%s)", ns, name, decision.action,
                         decision.status.get("phase"), ", ".join(f"{e.reason}" for e in decision.events) or "-")
+
+    def _create(self, obj: dict[str, Any]) -> bool:
+        try:
+            return self.api.create(obj)
+        except ApiError as exc:
+            if exc.status == 422:
+                raise Rejected(obj["kind"], obj["metadata"]["name"], exc.message) from exc
+            raise
 
     def _refresh_configmap(self, obj: dict[str, Any]) -> None:
         """A ConfigMap of that name exists: rewrite run.yaml when the spec changed it."""

@@ -123,7 +123,7 @@ class World:
 
     def step(self, now: dt.datetime, progress: dict | None = None, crash_after: int | None = None) -> lifecycle.Decision:
         """Decide and apply; `crash_after=k`: the operator dies after the status write and k of
-        the decision's API calls (deletes, creates, ungates, in the reconciler's order)."""
+        the decision's API calls (deletes, force deletes, creates, ungates, in the reconciler's order)."""
         view = self.view()
         pods = pod_views(list(self.pods.values()))
         progress = progress or final_report(view, pods)  # as the Reconciler does
@@ -138,8 +138,8 @@ class World:
             self.writes += 1
             self.job["status"] = decision.status
             self.job["metadata"]["resourceVersion"] = str(int(self.job["metadata"]["resourceVersion"]) + 1)
-        calls: list = [("delete", n) for n in decision.delete] + [("create", o) for o in decision.create] \
-            + [("ungate", g) for g in decision.ungate]
+        calls: list = [("delete", n) for n in decision.delete] + [("delete", n) for n in decision.force_delete] \
+            + [("create", o) for o in decision.create] + [("ungate", g) for g in decision.ungate]
         if crash_after is not None:
             calls = calls[:crash_after]
         for kind, arg in calls:

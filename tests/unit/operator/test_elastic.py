@@ -188,6 +188,9 @@ class ListingAPI:
     def list_planned_pods(self):
         return []
 
+    def list_jobs(self, namespace):
+        return [copy.deepcopy(self.w.job)]
+
     def patch_job_status(self, namespace, name, resource_version, patch):
         self.w.job["status"] = merge_patch(self.w.status, patch)
 

@@ -17,16 +17,20 @@ The rules, in the order they are checked:
    4b. A job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until Kueue
    admits its Workload; evicted by Kueue, its gang is torn down and the quota handed back.
 5. Pods of an older attempt are deleted and waited for (pod names are reused by the next
-   attempt, so at most one pod per index ever exists). Then the restart backoff is waited out.
+   attempt, so at most one pod per index ever exists; those stranded on a lost node are
+   force-deleted). Then the restart backoff is waited out.
 6. No plan for this attempt: plan (`placement.plan_placement`; an elastic job at the largest
-   pod count in [minWorkers, maxWorkers] that fits). Unplaceable: Pending (Unschedulable),
-   retried later. Placed: Service, ConfigMap and pods are created, gated.
+   pod count in [minWorkers, maxWorkers] that fits), after older waiting jobs of its priority
+   class (first come, first served). Unplaceable: Pending (Unschedulable, naming what the nodes
+   lack: selector, taint, readiness, capacity), retried later. Placed: Service, ConfigMap and
+   pods are created, gated.
 7. Before admission: missing pods are created; once all exist, and the plan still fits the free
    GPUs, every gate is removed at once (admission). If the plan no longer fits: re-plan.
    With Volcano or Kueue admission is theirs: no gate, no gang timeout.
 8. After admission: an exit code in failOnExitCodes fails the job at once; another failure
    restarts the whole gang with attempt+1 (counted against backoffLimit, exponential backoff);
-   an eviction, a vanished pod or a vanished node re-plans (attempt+1, not counted); all pods
+   an eviction, a vanished pod or a lost node (gone, out-of-service, or not Ready past its
+   grace; its pods force-deleted) re-plans (attempt+1, not counted); all pods
    Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan. An elastic job
    running below maxWorkers whose larger gang fits now re-plans (ElasticGrow, not counted).
 
@@ -34,8 +38,10 @@ A gang teardown always bumps `attempt` in the same status write that records why
 pod is deleted; pods carry their attempt as a label, so "stale" is a fact anyone can check.
 
 Where each rule lives: `rules` (the entry point, rules 1-5), `queue` (4b), `admission` (6, 7), `repair` and
-`outcome` (8: an admitted gang that is not whole, then what its pods add up to). `decider` holds
-the state being decided and the outcome builders they share; `cluster` what planning sees.
+`outcome` (8: an admitted gang that is not whole, then what its pods add up to), `nodes` (lost
+nodes, and why nothing fits), `fifo` (the order of waiting jobs), `rejection` (a child the API
+server refuses: Failed at once). `decider` holds the state being decided and the outcome builders
+they share; `cluster` what planning sees.
 """
 
 from rlkube.operator.lifecycle.cluster import Cluster, cluster_view, largest_plan, plan_fits

@@ -1,6 +1,7 @@
 """Before admission: where the gang goes, and when it may start binding to nodes. Pure.
 
-Rule 6 (no plan for this attempt: plan it, create the gang and admit it in one step) and rule 7
+Rule 6 (no plan for this attempt: plan it, create the gang and admit it in one step; older
+waiting jobs of its priority class first, lifecycle/fifo.py) and rule 7
 (a plan whose admission is not recorded yet: create the missing pods, then remove every gate at
 once if the plan still fits the free GPUs, else re-plan). With Volcano or Kueue the admission is
 theirs: rlkube sets no gate and hands the pods over as they are.
@@ -9,6 +10,7 @@ theirs: rlkube sets no gate and hands the pods over as they are.
 from __future__ import annotations
 
 from rlkube.operator import render
+from rlkube.operator.lifecycle import fifo, nodes
 from rlkube.operator.lifecycle.cluster import largest_plan, plan_fits
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
@@ -22,9 +24,11 @@ def plan_and_admit(d: Decider) -> Decision:
     s, job, spec = d.s, d.job, d.job.spec
     if d.cluster is None:
         return NEED_CLUSTER
-    placement = largest_plan(spec, d.cluster.inventory)
+    # Older waiting jobs of the same priority class are served first (lifecycle/fifo.py).
+    free, holders = fifo.held_back(d.cluster.inventory, fifo.ahead_of(job, d.cluster.waiting), largest_plan)
+    placement = largest_plan(spec, free)
     if isinstance(placement, Unplaceable):
-        reason = placement.reason
+        reason = nodes.why_unplaceable(placement.reason, d.cluster, holders)
         old = condition(job.status, "Placed") or {}
         if old.get("reason") != "Unschedulable" or old.get("message") != reason:
             d.event("Warning", "Unschedulable", reason)

@@ -12,9 +12,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkube.operator import render
-from rlkube.operator.inventory import NodeInventory, inventory_from_objects
+from rlkube.operator.inventory import NodeInventory, inventory_from_objects, node_exclusion
+from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_jobs
 from rlkube.operator.observed import owned_by
 from rlkube.operator.placement import Placement, Unplaceable, plan_placement, request_from_spec
+
+# Kubernetes' taint for a node shut down without a graceful drain (non-graceful node shutdown):
+# its pods will never report again.
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What node-loss detection reads of a node (lifecycle/nodes.py)."""
+
+    ready: str                  # its Ready condition's status: True, False or Unknown ("" when none)
+    since: str | None           # that condition's lastTransitionTime
+    out_of_service: bool        # tainted node.kubernetes.io/out-of-service (non-graceful shutdown)
 
 
 @dataclass(frozen=True)
@@ -24,10 +38,13 @@ class Cluster:
     inventory: list[NodeInventory]
     node_names: frozenset[str]
     own_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs the job's own bound pods hold
+    health: Mapping[str, NodeHealth] = field(default_factory=dict)  # every node's, by name
+    excluded: Mapping[str, str] = field(default_factory=dict)  # node -> why the job's pods cannot use it
+    waiting: tuple[WaitingJob, ...] = ()  # gangs waiting to be planned, oldest first (lifecycle/fifo.py)
 
 
 def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[dict] = (),
-                 own_uid: str = "", own_pods: list[dict] | None = None) -> Cluster:
+                 own_uid: str = "", own_pods: list[dict] | None = None, jobs: list[dict] = ()) -> Cluster:
     """The job's view of the cluster: inventory of nodes it may use (nodeSelector, tolerations).
 
     `pods` are the pods bound to nodes; `planned` are rlkube pods not bound yet. Those of other
@@ -39,6 +56,9 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
     reconciler reads them on every pass; the node-wide listing may be a few seconds old). They
     replace the job's pods in `pods`: a pod of an earlier attempt that is gone no longer holds
     its GPUs, so the attempt planned right after an ElasticGrow teardown sees them free.
+
+    `jobs` are the RLTrainingJobs of the cluster: those waiting for a plan queue first come, first
+    served (lifecycle/fifo.py).
     """
     if own_pods is not None and own_uid:
         pods = [p for p in pods if not owned_by(p, own_uid)] + [p for p in own_pods if owned_by(p, own_uid)]
@@ -57,11 +77,36 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
     if selector:
         inventory = [n for n in inventory if all(n.labels.get(k) == v for k, v in selector.items())]
     names = frozenset((n.get("metadata") or {}).get("name") for n in nodes)
+    excluded = _excluded(nodes, spec, selector)
     # From the same listing as the inventory, so "free if this job let go" is exact even when
     # the listing is a little older than the job's own pod list.
     own = inventory_from_objects(nodes, [p for p in pods if own_uid and owned_by(p, own_uid)],
                                  tolerations=list(spec.tolerations))
-    return Cluster(inventory=inventory, node_names=names, own_gpus={n.name: n.gpus_used for n in own if n.gpus_used})
+    return Cluster(inventory=inventory, node_names=names, own_gpus={n.name: n.gpus_used for n in own if n.gpus_used},
+                   health={(n.get("metadata") or {}).get("name"): _health(n) for n in nodes}, excluded=excluded,
+                   waiting=tuple(waiting_jobs(jobs)))
+
+
+def _health(node: Mapping[str, Any]) -> NodeHealth:
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+    taints = (node.get("spec") or {}).get("taints") or []
+    return NodeHealth(ready=str(ready.get("status") or ""), since=ready.get("lastTransitionTime"),
+                      out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints))
+
+
+def _excluded(nodes: list[dict], spec: Any, selector: Mapping[str, str]) -> dict[str, str]:
+    """Node -> why the job's pods cannot go there (the node's state, a taint, the nodeSelector)."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        why = node_exclusion(node, list(spec.tolerations))
+        labels = meta.get("labels") or {}
+        mismatch = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
+        if why is None and mismatch:
+            why = f"do not match nodeSelector {', '.join(mismatch)}"
+        if why is not None:
+            out[meta.get("name")] = why
+    return out
 
 
 def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str | None:

@@ -17,6 +17,11 @@ class Settings:
     backoff_base_seconds: float = 10.0     # first restart waits this long, then doubles
     backoff_max_seconds: float = 300.0
     unschedulable_retry_seconds: float = 15.0
+    # A node not Ready this long is lost: its pods are force-deleted and the gang re-planned
+    # (lifecycle/nodes.py). Kubernetes' own taint eviction waits 300 s, then waits forever for
+    # the pods of an unreachable node to go.
+    node_lost_grace_seconds: float = 60.0
+    node_lost_counts: bool = False         # whether a node loss counts against backoffLimit
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Decision:
     status: dict | None = None                  # the new .status (None only with need_cluster)
     create: tuple[dict, ...] = ()               # objects, in order: Service, ConfigMap, pods
     delete: tuple[str, ...] = ()                # pod names
+    force_delete: tuple[str, ...] = ()          # pod names, deleted with grace 0 (stranded on lost nodes)
     ungate: tuple[Ungate, ...] = ()
     delete_job: bool = False
     events: tuple[Event, ...] = ()

@@ -66,12 +66,16 @@ def _failed(d: Decider, gang: Gang) -> Decision | None:
     permanent = [p for p in current if p.failed and p.exit_code in codes]
     if permanent:
         p = permanent[0]
-        return d.fail("ExitCode", f"pod {p.name} exited with code {p.exit_code}, one of failOnExitCodes "
-                      f"{sorted(codes)}: not retried")
+        # The trainer's own word on why (contract/failure.py) leads: it names the field or file.
+        why = f": {p.failure}" if p.failure else ""
+        return d.fail("ExitCode", f"pod {p.name} exited with code {p.exit_code}{why} (one of failOnExitCodes "
+                      f"{sorted(codes)}: not retried)")
     crashed = [p for p in current if p.failed and not p.disrupted]
     if crashed:
         p = crashed[0]
         what = f"exited with code {p.exit_code}" if p.exit_code is not None else f"failed ({p.reason or 'no reason'})"
+        if p.failure:
+            what += f": {p.failure}"
         if d.s.restarts >= policy.backoff_limit:
             return d.fail("BackoffLimitExceeded", f"pod {p.name} {what}; backoffLimit {policy.backoff_limit} reached")
         return d.teardown("PodFailed", f"pod {p.name} {what}", counted=True)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from rlkube.operator import kueue_workload as kw
-from rlkube.operator.lifecycle import admission, outcome, queue, repair
+from rlkube.operator.lifecycle import admission, nodes, outcome, queue, repair
 from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decider import AttemptState, Decider
 from rlkube.operator.lifecycle.decision import Decision, Settings
@@ -73,6 +73,9 @@ def _decide(d: Decider) -> Decision:
     if stale:
         waiting = [p.name for p in stale if p.terminating]
         delete = [p.name for p in stale if not p.terminating]
+        forced = nodes.stranded(d, [p for p in stale if p.terminating])  # none would ever go
+        if forced is not None:
+            return forced
         message = f"waiting for {len(stale)} pod(s) of earlier attempts to go"
         return d.finish("Restarting", d.kept_reason("Restarting"), message,
                         action="delete" if delete else "wait", delete=delete,

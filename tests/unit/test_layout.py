@@ -21,3 +21,17 @@ def test_rlkube_operator_is_ours():
     import rlkube.operator
 
     assert Path(rlkube.operator.__file__).parent == ROOT / "operator" / "rlkube" / "operator"
+
+
+def test_every_source_package_is_listed_for_the_wheel():
+    # pyproject lists packages by hand (the two source roots map one namespace package); a
+    # sub-package missing there is left out of the wheel, and the images fail to import it.
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for root in ("operator", "runtime"):
+        for init in (ROOT / root).rglob("__init__.py"):
+            found.add(".".join(init.parent.relative_to(ROOT / root).parts))
+    assert found - listed == set(), f"add to [tool.setuptools] packages in pyproject.toml: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed in pyproject.toml but not a package: {sorted(listed - found)}"

@@ -12,7 +12,7 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.models import build_causal_lm, shard
 from rlkube.runtime.engine.value_model import ValueModel
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices
+from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices, to_response_width
 from rlkube.runtime.trainers.rl.update import RoleWorker
 
 
@@ -32,7 +32,7 @@ class CriticWorker(RoleWorker):
         out = []
         for batch in micro_slices(rows, self.config.batching.max_micro_batch):
             seq, att = rollout.on_device(batch, self.groups.ctx.device)
-            out.append(self.model(seq, att, rollout.prompt_len).cpu())
+            out.append(to_response_width(self.model(seq, att, rollout.prompt_len).cpu(), rollout))
         return torch.cat(out)
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,

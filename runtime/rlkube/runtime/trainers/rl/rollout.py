@@ -62,6 +62,14 @@ class Rollout:
         return self.sequences[rows, :last].to(device), att[:, :last].to(device)
 
 
+def to_response_width(t: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """A micro-batch's per-token `[rows, t]` values zero-padded to the rollout's T response columns.
+
+    `on_device` trims columns past the micro-batch's own longest row, so micro-batches of short
+    rows come back narrower than the rollout; their results are concatenated along the rows."""
+    return torch.nn.functional.pad(t, (0, rollout.response_mask.shape[1] - t.shape[1]))
+
+
 def micro_slices(rows: slice, size: int) -> list[slice]:
     """`rows` cut into consecutive slices of at most `size` rows."""
     start, stop = rows.start or 0, rows.stop

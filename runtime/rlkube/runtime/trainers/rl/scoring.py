@@ -25,7 +25,7 @@ from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.rewards import load_reward_function, score_with_function
 from rlkube.runtime.rewards.model import build_reward_model
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices
+from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices, to_response_width
 
 # (rollout, rows of it) -> a [rows, T] tensor on the CPU
 RowsFn = Callable[[Rollout, slice], torch.Tensor]
@@ -49,7 +49,7 @@ def response_logprobs(model: torch.nn.Module, rollout: Rollout, rows: slice, mic
     for batch in micro_slices(rows, micro):
         seq, att = rollout.on_device(batch, device)
         logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :])
-        out.append(logps.cpu())
+        out.append(to_response_width(logps.cpu(), rollout))
     return torch.cat(out)
 
 

@@ -17,13 +17,15 @@ each, a table last):
 - busy: mean nvidia-smi utilization from the first step's end to the last step's end
   (checkpoint stalls included), and to the process's exit (the last checkpoint's write too);
 - busy per phase: from the runtime's own step log (`gpuBusyPhases`, its 10 Hz NVML sampler),
-  weighted by phase time; absent on a runtime that does not log them;
+  weighted by phase time; absent on a runtime that does not log them (and on CPU: no NVML);
+  seconds per phase (`phaseSeconds`), the mean per step, also on CPU;
 - MFU (mean of the runtime's per-step MFU after the first step), tokens/s and tokens/s/GPU
   (all tokens of the steps after the first / (their step time x GPUs));
 - checkpoint stall per save (the runtime's `checkpointSave` events: time the step loop was
   blocked) and write time per commit;
 - start-up: launch -> first step's end as seen from here, and the runtime's split
-  (`startupSeconds`: import, model load, first step) when it logs one.
+  (`startupSeconds`: import, model load, first step; the first step's record has all three,
+  the start record only the first two) when it logs one.
 """
 
 from __future__ import annotations
@@ -182,7 +184,10 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
     mfus = [r["mfu"] for r in after if r.get("mfu") is not None]
     phase_time: dict[str, float] = {}
     phase_busy: dict[str, float] = {}
+    phase_seconds: dict[str, float] = {}
     for r in after:
+        for name, secs in (r.get("phaseSeconds") or {}).items():
+            phase_seconds[name] = phase_seconds.get(name, 0.0) + secs / len(after)
         for name, busy in (r.get("gpuBusyPhases") or {}).items():
             weight = (r.get("phaseSeconds") or {}).get(name, 1.0)
             phase_time[name] = phase_time.get(name, 0.0) + weight
@@ -193,6 +198,7 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "busyToExit": sampler.mean(first_end, exited) if sampler else None,
         "runtimeBusy": _mean([r.get("gpuUtilization") for r in after]),
         "busyPerPhase": {k: round(phase_busy[k] / phase_time[k], 4) for k in phase_time if phase_time[k] > 0},
+        "phaseSecondsPerStep": {k: round(v, 4) for k, v in phase_seconds.items()},
         "mfu": _mean(mfus),
         "tokensPerSecond": round(tokens / seconds, 1) if seconds else None,
         "tokensPerSecondPerGpu": round(tokens / (seconds * gpus), 1) if seconds else None,
@@ -200,7 +206,7 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "checkpointStallSeconds": [r["stallSeconds"] for r in recs if r.get("event") == "checkpointSave"],
         "checkpointWriteSeconds": [r.get("writeSeconds") for r in recs if r.get("event") == "checkpoint"],
         "launchToFirstStepSeconds": round(first_end - launched, 2),
-        "startupSeconds": start.get("startupSeconds") or steps[0].get("startupSeconds"),
+        "startupSeconds": steps[0].get("startupSeconds") or start.get("startupSeconds"),
         "setupSeconds": start.get("setupSeconds"),
     }
 
@@ -216,7 +222,8 @@ def table(results: list[dict]) -> str:
     for r in results:
         stalls = r.get("checkpointStallSeconds") or []
         row = [str(r.get(c)) for c in cols]
-        lines.append(" | ".join(row) + f" | stalls {stalls} | phases {r.get('busyPerPhase')}")
+        lines.append(" | ".join(row) + f" | stalls {stalls} | phases {r.get('busyPerPhase')}"
+                     f" | phase s/step {r.get('phaseSecondsPerStep')} | start-up {r.get('startupSeconds')}")
     return "\n".join(lines)
 
 

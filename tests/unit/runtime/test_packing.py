@@ -132,3 +132,34 @@ def test_chunked_logprobs_value_and_gradient():
     ref = torch.log_softmax(h @ w.t(), -1).gather(1, y[:, None]).squeeze(1)
     torch.testing.assert_close(token_logprobs(h, w, y, chunk=4), ref)
     assert torch.autograd.gradcheck(lambda a, b: token_logprobs(a, b, y, 4), (h, w))
+
+
+@pytest.fixture(scope="module")
+def eager_lm():
+    from rlkube.runtime.engine.models import build_causal_lm
+
+    spec = ModelSpec(
+        config=dict(model_type="qwen2", vocab_size=259, hidden_size=32, intermediate_size=64,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=128, tie_word_embeddings=True),
+        dtype="float32", attention="eager",
+    )
+    model, attention = build_causal_lm(spec, torch.device("cpu"), seed=1)
+    assert attention == "eager"
+    return SequenceLogprobs(model.eval(), chunk=7)
+
+
+@pytest.mark.parametrize("row_tokens", [None, 40], ids=["one-row", "rows"])
+def test_packed_equals_unpacked_eager_from_position_ids(eager_lm, row_tokens):
+    # The DPO trainer's eager path on CPU: no mask passed, transformers' masking_utils builds the
+    # block-causal mask from position ids that restart. transformers 4.53.0 and older did not
+    # (packed sequences attended to each other, log-probs off by ~0.2), hence transformers>=4.53.1.
+    data = varied_data(seed=5)
+    ids = [0, 1, 2, 3, 4]
+    with torch.no_grad():
+        batch = pack_pairs(data, ids, TOK.bos_id, TOK.eos_id, explicit_mask=False, row_tokens=row_tokens,
+                           pad=TOK.pad_id)
+        assert batch.attention_mask is None and (batch.position_ids[:, 1:] == 0).any()
+        packed = eager_lm(batch)
+        alone = one_by_one(eager_lm, data, ids)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)

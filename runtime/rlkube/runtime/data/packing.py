@@ -5,7 +5,7 @@ padding. Position ids restart at 0 for every sequence, and no token may attend a
 sequence boundary. How that boundary is enforced depends on the attention kernel, and is the
 reason this module exists as its own concept:
 
-- transformers 5.x (masking_utils) recognises a packed row from position ids that restart, when
+- transformers >= 4.53.1 (masking_utils) recognises a packed row from position ids that restart, when
   the batch has one row and no attention mask is passed: for sdpa/eager it builds a
   block-diagonal causal 4-D mask, for flex_attention a sparse BlockMask, and flash_attention_2
   turns the position ids into cu_seqlens for the varlen kernel (no mask at all).

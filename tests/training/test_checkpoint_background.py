@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -51,7 +52,7 @@ def train_step(model, opt):
     opt.zero_grad()
 
 
-def worker(rank: int, port: int, root: str, results) -> None:
+def worker(rank: int, port: int, root: str, results, staging: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -59,7 +60,7 @@ def worker(rank: int, port: int, root: str, results) -> None:
     torch.manual_seed(0)
     model = shard(Layers(), ctx, "actor")
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    ck = Checkpointer(root, keep=3, ctx=ctx, background=True)
+    ck = Checkpointer(root, keep=3, ctx=ctx, background=True, staging=staging)
     train_step(model, opt)
     ck.save(1, model, opt, {"step": 1})
     # the loop trains on (collectives on the default group) while the writer works on its own
@@ -74,12 +75,15 @@ def worker(rank: int, port: int, root: str, results) -> None:
     shutdown(ctx)
 
 
-def test_two_ranks_commit_once_and_the_checkpoint_reshards_into_one_process(tmp_path):
+# "device": the snapshot of the sharded (DTensor) state is taken on the device and moved to host
+# memory by the writer (how CUDA runs stage when the card has room); "host": staged by the step.
+@pytest.mark.parametrize("staging", ["host", "device"])
+def test_two_ranks_commit_once_and_the_checkpoint_reshards_into_one_process(tmp_path, staging):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    mp.start_processes(worker, args=(port, str(tmp_path), results), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(worker, args=(port, str(tmp_path), results, staging), nprocs=2, join=True, start_method="fork")
     assert [s for s, _ in committed(tmp_path)] == [1, 2]
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     # step 1's checkpoint holds step 1's weights although both ranks trained on while it was written

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from rlkube.runtime.infra.checkpoint import META, Checkpointer, committed, latest, step_dir
@@ -77,11 +78,12 @@ def test_a_save_killed_before_commit_leaves_the_previous_one_latest(tmp_path):
     assert [s for s, _ in committed(tmp_path)] == [5, 15]
 
 
-def test_background_save_returns_before_the_write_and_commits_a_snapshot(tmp_path):
+@pytest.mark.parametrize("staging", ["host", "device"])
+def test_background_save_returns_before_the_write_and_commits_a_snapshot(tmp_path, staging):
     import threading
 
     ctx = DistContext()
-    ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx, background=True)
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx, background=True, staging=staging)
     model, opt = model_and_optimizer(0)
     expected = [p.detach().clone() for p in model.parameters()]
     release, writing = threading.Event(), threading.Event()
@@ -159,3 +161,17 @@ def test_a_failed_background_write_is_raised_by_wait_and_commits_nothing(tmp_pat
     ck.close()
     assert [s for s, _ in committed(tmp_path)] == [8]
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
+
+
+def test_a_device_snapshot_is_taken_only_when_it_fits_next_to_the_step_peak():
+    from rlkube.runtime.infra.staging import HEADROOM_BYTES, MAX_SHARE, device_snapshot_fits, state_bytes
+
+    state = {"model": {"w": torch.zeros(4, 8, dtype=torch.bfloat16)}, "optim": {"step": torch.tensor(3.0),
+             "groups": [{"lr": 0.1}]}}
+    assert state_bytes(state) == 4 * 8 * 2 + 4
+    gib = 1 << 30
+    total = 140 * gib
+    limit = int(MAX_SHARE * total) - HEADROOM_BYTES
+    assert device_snapshot_fits(18 * gib, 80 * gib, total)
+    assert device_snapshot_fits(gib, limit - gib, total)
+    assert not device_snapshot_fits(gib, limit - gib + 1, total)

@@ -21,9 +21,10 @@ commit (`check_fence`), so one left behind a partition cannot commit over the ne
 All ranks must see the same directory (a shared volume claim, or one node). Every function
 that takes a DistContext is collective: all ranks call it.
 
-Background writes (`background=True`): `save` stages the state to host memory (pinned and
-reused across saves on CUDA, so a 1.5B model's copy takes a fraction of a second instead of
-the whole write) and returns; a writer thread writes the shards and commits exactly as above.
+Background writes (`background=True`): `save` takes a snapshot of the state — on the GPU when it
+has room for one next to a step's peak (milliseconds; the writer thread moves it to host memory
+off the step, see infra/staging.py), else in pinned host memory reused across saves — and
+returns; a writer thread writes the shards and commits exactly as above.
 The writer's collectives (DCP's planning, the barrier before the commit) run on a gloo group of
 their own, so they never interleave with the training loop's collectives on the default group.
 A save due while the previous one is still writing waits for it first (never two in flight,
@@ -51,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
 from rlkube.runtime.infra.progress import attempt_from_env
+from rlkube.runtime.infra.staging import DeviceSnapshot, device_snapshot_fits, state_bytes
 
 META = "rlkube-checkpoint.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -134,7 +136,10 @@ def _state_dicts(model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
 class Checkpointer:
     """Saves and restores model + optimizer + trainer state under one directory."""
 
-    def __init__(self, root: str, keep: int, ctx: DistContext, background: bool = False) -> None:
+    def __init__(self, root: str, keep: int, ctx: DistContext, background: bool = False,
+                 staging: str = "auto") -> None:
+        """`staging` (background saves): "auto" takes the snapshot on the GPU when it fits next to
+        a step's peak, else in pinned host memory; "device" and "host" force one (tests)."""
         self.root = Path(root)
         self.keep = keep
         self.ctx = ctx
@@ -148,9 +153,13 @@ class Checkpointer:
         self._error: BaseException | None = None
         self._group = None
         self._stager = None
+        self._snapshot: DeviceSnapshot | None = None
+        self._staging = staging
         if background:
             # Pinned buffers kept between saves on CUDA; plain copies on CPU (no pinning there).
             self._stager = BlockingAsyncStager(cache_staged_state_dict=ctx.device.type == "cuda")
+            if staging == "device" or (staging == "auto" and ctx.device.type == "cuda"):
+                self._snapshot = DeviceSnapshot(ctx.device)
             if ctx.initialized:  # collective: every rank builds its Checkpointer at the same point
                 self._group = tdist.new_group(backend="gloo")
 
@@ -173,9 +182,14 @@ class Checkpointer:
         meta = {"step": step, "worldSize": ctx.world_size, "trainer": trainer, "attempt": attempt_from_env()}
         if model_meta is not None:
             meta["model"] = model_meta
+        staged_on = None
         if self.background:
-            state = self._stage(state)
-            self._writer = threading.Thread(target=self._write_in_background, args=(step, tmp, state, meta),
+            snapshot: list = []  # a box the writer empties, so the device copy is freed before the write
+            if self._on_device(state):
+                snapshot, staged_on = [self._snapshot.take(state)], "device"
+            else:
+                state, staged_on = self._stage(state), "host"
+            self._writer = threading.Thread(target=self._write_in_background, args=(step, tmp, state, meta, snapshot),
                                             name=f"rlkube-checkpoint-{step}")
             self._writer.start()
         else:
@@ -184,8 +198,18 @@ class Checkpointer:
         self.stalls.append(stall)
         if ctx.is_main:
             emit({"event": "checkpointSave", "step": step, "stallSeconds": round(stall, 4),
-                  "waitedSeconds": round(waited, 4), "background": self.background})
+                  "waitedSeconds": round(waited, 4), "background": self.background, "staging": staged_on})
         return step_dir(self.root, step)
+
+    def _on_device(self, state: dict) -> bool:
+        """Whether this save's snapshot is taken on the device (see infra/staging.py)."""
+        if self._snapshot is None:
+            return False
+        if self._staging == "device" or self.ctx.device.type != "cuda":
+            return True
+        dev = self.ctx.device
+        total = torch.cuda.get_device_properties(dev).total_memory
+        return device_snapshot_fits(state_bytes(state), torch.cuda.max_memory_allocated(dev), total)
 
     def _stage(self, state: dict) -> dict:
         try:
@@ -228,8 +252,10 @@ class Checkpointer:
                   "writeSeconds": round(time.perf_counter() - t0, 4)})
         self._group_barrier()
 
-    def _write_in_background(self, step: int, tmp: Path, state: dict, meta: dict) -> None:
+    def _write_in_background(self, step: int, tmp: Path, state: dict, meta: dict, snapshot: list) -> None:
         try:
+            if snapshot:
+                state = self._snapshot.to_host(*snapshot.pop())  # the device copy is dropped here
             self._write(step, tmp, state, meta)
         except BaseException as e:  # handed to the training thread by wait()
             self._error = e

@@ -209,7 +209,7 @@ class Checkpointer:
             return True
         dev = self.ctx.device
         total = torch.cuda.get_device_properties(dev).total_memory
-        return device_snapshot_fits(state_bytes(state), torch.cuda.max_memory_allocated(dev), total)
+        return device_snapshot_fits(state_bytes(state), torch.cuda.max_memory_reserved(dev), total)
 
     def _stage(self, state: dict) -> dict:
         try:

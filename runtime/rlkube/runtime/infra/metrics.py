@@ -138,10 +138,13 @@ class GpuMonitor:
         return torch.cuda.get_device_properties(self.device).total_memory
 
     def peak_memory_fraction(self) -> float | None:
+        """Peak device memory the caching allocator held since the last reset, over the card's
+        total: reserved, not only allocated, since what the allocator holds (fragments included)
+        is what runs out."""
         total = self.memory_total()
         if not total:
             return None
-        return torch.cuda.max_memory_allocated(self.device) / total
+        return torch.cuda.max_memory_reserved(self.device) / total
 
     def reset_peak(self) -> None:
         if self.device.type == "cuda":

@@ -57,7 +57,7 @@ class SampleCost:
 class Measurement:
     """One step's measurements (max over ranks for memory, min for utilization)."""
 
-    peak_memory_fraction: float | None  # peak allocated / device memory
+    peak_memory_fraction: float | None  # peak reserved (held by the allocator) / device memory
     gpu_utilization: float | None  # 0..1: mean busy fraction over the step (sampled), not one read
     seconds: float | None = None  # the step's wall time: weights its busy fraction in the window
 

@@ -2,7 +2,7 @@
 
 AdamW would hide a constant gradient scale (a sum-vs-mean slip), so the check is on the raw
 gradient after backward, in float64, for every loss aggregation: one micro-batch of all rows vs
-micro-batches of 1 and 2 rows. (1 vs 2 gloo ranks is not covered here yet.)
+micro-batches of 1 and 2 rows. 1 vs 2 gloo ranks, through the real trainer step: tests/training/test_gradient_equivalence.py.
 """
 
 from types import SimpleNamespace

@@ -17,7 +17,7 @@ The trainer splits a mini-batch into micro-batches and ranks. The mean over the 
 is the weighted mean of the micro-batches' aggregates with weights `weight(mask)`: their token
 counts for token-mean, their sequence counts for the seq-mean modes. `update.py` scales each
 micro-batch's loss by its weight over the mini-batch's, so the gradient is the same whatever the
-split (tests/unit/runtime/test_rl_equivalence.py).
+split (tests/unit/runtime/test_micro_batch_equivalence.py, tests/training/test_gradient_equivalence.py).
 """
 
 from __future__ import annotations

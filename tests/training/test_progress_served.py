@@ -36,8 +36,9 @@ def test_progress_and_metrics_while_training(tmp_path):
         assert seen is not None, "no /progress with step >= 2 while training"
         assert set(seen) == {"phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization",
                              "loss", "rewardMean", "attempt", "gpuBusyPhases", "phaseSeconds", "startupSeconds",
-                             "outputs"}
+                             "outputs", "evalStep", "evalLoss", "evalAccuracy", "evalMargin", "evalRewardMean"}
         assert seen["outputs"] is None  # no export before the last step (export.everySteps unset)
+        assert seen["evalStep"] is None and seen["evalAccuracy"] is None  # no eval set, no evaluation
         assert seen["attempt"] == 2  # the restart attempt the pod runs as, from its env
         assert seen["totalSteps"] == 40 and seen["tokensPerSecond"] > 0 and 0 < seen["loss"] < 1
         assert seen["mfu"] is None  # no peak on a CPU: null, not a made-up number

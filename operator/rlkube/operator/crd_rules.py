@@ -268,6 +268,7 @@ MODEL_RULES: dict[str, list[dict]] = {
             ".maxMicroBatch",
         )
     ],
+    "DataSpec": [_rule("!has(self.eval) || !has(self.evalFraction)", "eval: set eval or evalFraction, not both", ".eval")],
     "ElasticSpec": [
         _rule("self.maxWorkers >= self.minWorkers", "maxWorkers: must be >= minWorkers", ".maxWorkers")
     ],

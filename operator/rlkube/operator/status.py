@@ -24,6 +24,7 @@ from rlkube.operator.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
 from rlkube.runtime.contract.config import MAX_PATH_LEN
 from rlkube.runtime.contract.progress import (
+    OUTPUT_ADAPTER,
     OUTPUT_MODEL,
     OUTPUT_PATH,
     OUTPUT_STEP,
@@ -168,11 +169,11 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
             continue
         if value != value or value in (float("inf"), float("-inf")):
             continue  # NaN/inf: not valid JSON numbers for the API server
-        if key in ("step", "totalSteps"):
+        if key in ("step", "totalSteps", "evalStep"):
             if value < 0:
                 continue
             value = int(value)
-        elif key not in ("loss", "rewardMean") and value < 0:
+        elif key not in ("loss", "rewardMean", "evalRewardMean") and value < 0:
             continue
         elif key == "tokensPerSecond":
             value = round(value, 1)  # `kubectl get rltj` shows it: 26904.2, not 26904.229259433603
@@ -181,19 +182,27 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
     return out
 
 
-def outputs_status(report: Mapping[str, Any]) -> dict | None:
-    """status.outputs from a /progress report: its model export when well formed (a path of at
-    most MAX_PATH_LEN characters and a non-negative integer step), else None."""
-    outputs = report.get(OUTPUTS)
-    model = outputs.get(OUTPUT_MODEL) if isinstance(outputs, Mapping) else None
-    if not isinstance(model, Mapping):
+def _output(entry: Any) -> dict | None:
+    """One export entry {path, step} when well formed (a path of at most MAX_PATH_LEN characters
+    and a non-negative integer step), else None."""
+    if not isinstance(entry, Mapping):
         return None
-    path, step = model.get(OUTPUT_PATH), model.get(OUTPUT_STEP)
+    path, step = entry.get(OUTPUT_PATH), entry.get(OUTPUT_STEP)
     if not isinstance(path, str) or not path or len(path) > MAX_PATH_LEN:
         return None
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         return None
-    return {OUTPUT_MODEL: {OUTPUT_PATH: path, OUTPUT_STEP: step}}
+    return {OUTPUT_PATH: path, OUTPUT_STEP: step}
+
+
+def outputs_status(report: Mapping[str, Any]) -> dict | None:
+    """status.outputs from a /progress report: its model export and (LoRA) adapter, each when well
+    formed; None when neither is."""
+    outputs = report.get(OUTPUTS)
+    if not isinstance(outputs, Mapping):
+        return None
+    found = {key: entry for key in (OUTPUT_MODEL, OUTPUT_ADAPTER) if (entry := _output(outputs.get(key)))}
+    return found or None
 
 
 def kept_outputs(progress: Mapping[str, Any] | None, old: Mapping[str, Any]) -> dict | None:
@@ -204,13 +213,15 @@ def kept_outputs(progress: Mapping[str, Any] | None, old: Mapping[str, Any]) -> 
 
 
 def exported_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
-    """The message of an Exported Event when status.outputs' model changed from `old` to `new`
-    (whole statuses), else None."""
-    before = (old.get(STATUS_OUTPUTS) or {}).get(OUTPUT_MODEL)
-    after = (new.get(STATUS_OUTPUTS) or {}).get(OUTPUT_MODEL)
-    if not after or after == before:
-        return None
-    return f"model exported to {after[OUTPUT_PATH]} at step {after[OUTPUT_STEP]}"
+    """The message of an Exported Event when status.outputs' model or adapter changed from `old`
+    to `new` (whole statuses), else None."""
+    parts = []
+    for key, what in ((OUTPUT_MODEL, "model"), (OUTPUT_ADAPTER, "LoRA adapter")):
+        before = (old.get(STATUS_OUTPUTS) or {}).get(key)
+        after = (new.get(STATUS_OUTPUTS) or {}).get(key)
+        if after and after != before:
+            parts.append(f"{what} exported to {after[OUTPUT_PATH]} at step {after[OUTPUT_STEP]}")
+    return "; ".join(parts) or None
 
 
 # -- the whole status -------------------------------------------------------------------------

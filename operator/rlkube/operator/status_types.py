@@ -115,6 +115,15 @@ class ProgressStatus(Status):
     )
     loss: float | None = Field(default=None, description="Training loss of the latest step.")
     reward_mean: float | None = Field(default=None, description="Mean rollout reward (ppo, grpo).")
+    eval_step: int | None = Field(default=None, ge=0, description="Optimizer steps done at the latest evaluation.")
+    eval_accuracy: float | None = Field(
+        default=None, ge=0, description="dpo, kto: implicit-reward accuracy on the eval set at evalStep, 0 to 1."
+    )
+    eval_reward_mean: float | None = Field(
+        default=None,
+        description="ppo, grpo: mean reward of greedy completions of the eval prompts at evalStep (dpo, kto: "
+        "mean implicit reward of the chosen or desirable responses).",
+    )
     updated_at: datetime | None = Field(default=None, description="When this was last read.")
 
 
@@ -131,7 +140,15 @@ class ModelOutputStatus(Status):
 class OutputsStatus(Status):
     """What the run left for users to serve, as rank 0 last reported it."""
 
-    model: ModelOutputStatus | None = Field(default=None, description="The latest export of the trained actor.")
+    model: ModelOutputStatus | None = Field(
+        default=None,
+        description="The latest export of the trained actor, for AutoModelForCausalLM.from_pretrained "
+        "(a LoRA run: only with export.mergeLora).",
+    )
+    adapter: ModelOutputStatus | None = Field(
+        default=None,
+        description="A LoRA run's latest adapter (PEFT's format), for PeftModel.from_pretrained(base model, path).",
+    )
 
 
 class RLTrainingJobStatus(Status):

@@ -73,3 +73,32 @@ def test_the_final_export_in_the_termination_message_reaches_status_and_an_event
     assert w.status["outputs"] == {"model": {"path": "/checkpoints/export", "step": 80}}
     exported = [e for e in w.events if e.reason == "Exported"]
     assert len(exported) == 1 and exported[0].type == "Normal" and "step 80" in exported[0].message
+
+
+LORA = {"model": {"path": "/checkpoints/export", "step": 30},
+        "adapter": {"path": "/checkpoints/export/adapter", "step": 30}}
+
+
+def test_a_lora_runs_adapter_lands_in_status_next_to_its_merged_model():
+    assert outputs_status({"outputs": LORA}) == LORA
+    adapter_only = {"adapter": LORA["adapter"]}
+    assert outputs_status({"outputs": {**adapter_only, "model": {"path": "", "step": 30}}}) == adapter_only
+    parsed = RLTrainingJobStatus.model_validate({"outputs": adapter_only}).outputs
+    assert parsed.model is None and parsed.adapter.path == "/checkpoints/export/adapter"
+    assert exported_message({}, {"outputs": adapter_only}) == (
+        "LoRA adapter exported to /checkpoints/export/adapter at step 30")
+    assert exported_message({}, {"outputs": LORA}) == (
+        "model exported to /checkpoints/export at step 30; LoRA adapter exported to /checkpoints/export/adapter "
+        "at step 30")
+
+
+def test_the_latest_evaluation_reaches_status_progress():
+    from rlkube.operator.status import progress_status
+
+    report = {"step": 40, "evalStep": 40, "evalAccuracy": 0.75, "evalMargin": 0.3, "evalLoss": 0.5,
+              "evalRewardMean": -0.25}
+    out = progress_status(report, at(0))
+    assert {k: out[k] for k in ("evalStep", "evalAccuracy", "evalRewardMean")} == {
+        "evalStep": 40, "evalAccuracy": 0.75, "evalRewardMean": -0.25}
+    assert "evalMargin" not in out and "evalLoss" not in out  # /progress and /metrics only
+    assert RLTrainingJobStatus.model_validate({"progress": out}).progress.eval_reward_mean == -0.25

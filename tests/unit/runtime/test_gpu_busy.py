@@ -126,7 +126,7 @@ def test_gather_on_one_process_and_the_prometheus_series():
     ctx = DistContext()
     job = gather_busy(ctx, BusyWindow(mean=0.5, seconds=1.0, samples=10, phases={"generate": 0.9, "optimizer": None}))
     assert job.ranks == [{"step": 0.5, "data_wait": None, "generate": 0.9, "score": None,
-                          "forward_backward": None, "optimizer": None, "checkpoint": None}]
+                          "forward_backward": None, "optimizer": None, "checkpoint": None, "eval": None}]
     assert job.step_min == 0.5 and job.phase_means() == {"generate": 0.9}
     from rlkube.runtime.infra.gpu_busy import step_fields
 

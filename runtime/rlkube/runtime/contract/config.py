@@ -307,6 +307,26 @@ class DataSpec(Spec):
         "have lengths of their own and accept only 'fixed'.",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for data order and synthesis.")
+    eval: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LEN,
+        description="Evaluation data: a JSONL or Parquet file, a directory of them, or a save_to_disk "
+        "directory, with the training data's fields (the format is read from the path; data.format where "
+        "it cannot be). Not combinable with evalFraction.",
+    )
+    eval_fraction: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Hold out this fraction of the training data for evaluation (at least one sample), "
+        "chosen by data.seed, so the same samples are held out on every rank and after a restart.",
+    )
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> DataSpec:
+        if self.eval is not None and self.eval_fraction is not None:
+            raise ValueError("eval: set eval or evalFraction, not both")
+        return self
 
 
 class BatchingSpec(Spec):
@@ -436,6 +456,11 @@ class TrainingSpec(Spec):
         "model contains one of these strings (for example ['layers.1.', 'lm_head']); the others get no "
         "gradient, no optimizer state and no gradient reduction. Unset: every parameter trains.",
     )
+    eval_every_steps: int | None = Field(
+        default=None, ge=1, le=100_000_000,
+        description="Evaluate every N steps on data.eval or data.evalFraction (DPO/KTO: reward accuracy and "
+        "margin; PPO/GRPO: mean reward of greedy completions). Unset: only after the last step.",
+    )
     # KTO
     kto_desirable_weight: float = Field(
         default=1.0, gt=0.0, le=1000.0,
@@ -494,6 +519,11 @@ class ExportSpec(Spec):
     every_steps: int | None = Field(
         default=None, ge=1, le=100_000_000,
         description="Also export every N steps. Unset: only after the last step.",
+    )
+    merge_lora: bool = Field(
+        default=False,
+        description="LoRA runs: also write the model with the adapters folded into its weights (a plain "
+        "Hugging Face model) in dir; the adapter itself (PEFT's format) is always written, in dir/adapter.",
     )
 
 

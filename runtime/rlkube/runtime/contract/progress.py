@@ -26,7 +26,13 @@ ATTEMPT = "attempt"                    # gang restart attempt, from the pod's en
 GPU_BUSY_PHASES = "gpuBusyPhases"      # {phase: GPU busy ratio 0..1 within it, mean over ranks}, last step
 PHASE_SECONDS = "phaseSeconds"         # {phase: seconds rank 0 spent in it}, last step
 STARTUP_SECONDS = "startupSeconds"     # {import, modelLoad, firstStep, total}: process start -> first step
-OUTPUTS = "outputs"                    # {"model": {"path", "step"}}: the latest model export (infra/export.py)
+OUTPUTS = "outputs"                    # {"model"/"adapter": {"path", "step"}}: the latest export (infra/export.py)
+# The latest evaluation on the eval set (trainers/evaluation.py), each None before the first.
+EVAL_STEP = "evalStep"                 # optimizer steps done when it ran
+EVAL_LOSS = "evalLoss"                 # DPO/KTO: the training loss on the eval samples
+EVAL_ACCURACY = "evalAccuracy"         # DPO/KTO: implicit-reward accuracy on the eval samples, 0..1
+EVAL_MARGIN = "evalMargin"             # DPO/KTO: mean implicit-reward margin (chosen - rejected)
+EVAL_REWARD_MEAN = "evalRewardMean"    # PPO/GRPO: mean reward of greedy completions (DPO/KTO: chosen reward)
 
 # The trainer's stages, the values of PHASE.
 PHASE_STARTING = "starting"
@@ -48,6 +54,11 @@ STATUS_PROGRESS: dict[str, str | None] = {
     GPU_BUSY_PHASES: None,
     PHASE_SECONDS: None,
     STARTUP_SECONDS: None,
+    EVAL_STEP: "evalStep",
+    EVAL_LOSS: None,  # for people and /metrics; accuracy and reward say what a status needs
+    EVAL_ACCURACY: "evalAccuracy",
+    EVAL_MARGIN: None,
+    EVAL_REWARD_MEAN: "evalRewardMean",
     OUTPUTS: None,  # not status.progress: copied whole into status.outputs (STATUS_OUTPUTS)
 }
 REPORT_FIELDS: tuple[str, ...] = tuple(STATUS_PROGRESS)
@@ -59,6 +70,7 @@ PROGRESS_FIELDS: tuple[str, ...] = (PHASE, *(key for key, field in STATUS_PROGRE
 # when it changes. OUTPUT_MODEL is the Hugging Face directory of the trained actor.
 STATUS_OUTPUTS = "outputs"
 OUTPUT_MODEL = "model"
+OUTPUT_ADAPTER = "adapter"  # a LoRA run's adapter (PEFT's format), for PeftModel.from_pretrained(base, path)
 OUTPUT_PATH = "path"
 OUTPUT_STEP = "step"
 

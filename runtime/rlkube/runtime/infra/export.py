@@ -18,6 +18,13 @@ Two ways to one:
   only the actor's model tensors from the DCP shards (not the optimizer state), whatever the
   number of ranks that wrote them.
 
+A LoRA actor's export (during training) holds its adapter in PEFT's format in `<dir>/adapter`
+(adapter_config.json, adapter_model.safetensors, the tokenizer), written by engine/lora.py's
+save_adapter from a host model rebuilt from the consolidated state, for
+`PeftModel.from_pretrained(base, dir/adapter)`; with `export.mergeLora` `<dir>` itself is also the
+plain model with the adapters folded in. /progress names them outputs.adapter and outputs.model.
+`export_checkpoint` (which has no LoRA settings but the scale) always folds the adapters in.
+
 Both need the model's architecture, which a checkpoint records in its metadata (`model_meta`: the
 HF config, the tokenizer, where the actor's tensors sit in the checkpoint's state).
 
@@ -39,13 +46,14 @@ from pathlib import Path
 import torch
 
 from rlkube.runtime.contract import progress as report
-from rlkube.runtime.contract.config import ModelSpec, RuntimeConfig
+from rlkube.runtime.contract.config import LoraSpec, ModelSpec, RuntimeConfig
 from rlkube.runtime.infra.checkpoint import META, STEP_DIR, committed, read_meta
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.log import emit, log
 
 EXPORT_META = "rlkube-export.json"
 MAX_SHARD_SIZE = "5GB"  # safetensors shards of at most this size (transformers' usual cap)
+ADAPTER_DIR = "adapter"  # a LoRA run's adapter, inside the export directory
 MODEL_PREFIX = "lm."  # the HF model is `.lm` of the trained wrapper (SequenceLogprobs, PolicyModel)
 
 
@@ -114,31 +122,93 @@ def build_hf_model(hf_config: dict, state: dict[str, torch.Tensor]) -> torch.nn.
     return model
 
 
-def write_model_dir(hf_config: dict, state: dict[str, torch.Tensor], tokenizer: str, dest: Path,
-                    info: dict) -> Path:
-    """Write the HF directory of `state` (HF names, full tensors on CPU) to `dest`, atomically."""
+def _write_model_files(hf_config: dict, state: dict[str, torch.Tensor], tokenizer: str, out: Path,
+                       info: dict) -> None:
+    """The HF model directory of `state` (HF names, full tensors on CPU), written into `out`."""
     from rlkube.runtime.data.tokenizer_export import save_tokenizer
 
+    model = build_hf_model(hf_config, state)
+    for key, value in _special_ids(tokenizer).items():
+        setattr(model.config, key, value)
+        setattr(model.generation_config, key, value)
+    model.save_pretrained(str(out), max_shard_size=MAX_SHARD_SIZE)
+    save_tokenizer(tokenizer, out)
+    _write_meta(out, info, tokenizer)
+
+
+def _write_meta(out: Path, info: dict, tokenizer: str, fmt: str = "huggingface") -> None:
+    meta = {**info, "format": fmt, "tokenizer": tokenizer, "time": time.time()}
+    (out / EXPORT_META).write_text(json.dumps(meta, indent=1))
+
+
+def _write_atomically(dest: Path, fill) -> Path:
+    """`fill(tmp)` writes a directory under a temp name next to `dest`; it then replaces `dest`."""
     t0 = time.perf_counter()
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(dest)
     tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
     try:
-        model = build_hf_model(hf_config, state)
-        for key, value in _special_ids(tokenizer).items():
-            setattr(model.config, key, value)
-            setattr(model.generation_config, key, value)
-        model.save_pretrained(str(tmp), max_shard_size=MAX_SHARD_SIZE)
-        save_tokenizer(tokenizer, tmp)
-        meta = {**info, "format": "huggingface", "tokenizer": tokenizer, "time": time.time()}
-        (tmp / EXPORT_META).write_text(json.dumps(meta, indent=1))
+        tmp.mkdir()
+        fill(tmp)
         _fsync_tree(tmp)
         _publish(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported %s in %.2fs", dest, time.perf_counter() - t0)
     return dest
+
+
+def write_model_dir(hf_config: dict, state: dict[str, torch.Tensor], tokenizer: str, dest: Path,
+                    info: dict) -> Path:
+    """Write the HF directory of `state` (HF names, full tensors on CPU) to `dest`, atomically."""
+    return _write_atomically(dest, lambda tmp: _write_model_files(hf_config, state, tokenizer, tmp, info))
+
+
+def lora_host_model(hf_config: dict, state: dict[str, torch.Tensor], lora: LoraSpec, base_path: str | None):
+    """A PeftModel on the host whose tensors are `state`'s (PEFT's names, adapters unmerged): the
+    model's own architecture with `lora`'s adapters injected, as the trainer built it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlkube.runtime.engine.lora import add_lora
+
+    fields = dict(hf_config)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config)
+    peft_model = add_lora(lm, lora)
+    lm.load_state_dict(state, strict=False, assign=True)
+    lm.tie_weights()
+    on_meta = [n for n, p in lm.named_parameters() if p.is_meta]
+    if on_meta:
+        raise ValueError(f"export: the state lacks LoRA model tensors {on_meta[:5]}")
+    # from_pretrained of the adapter finds its base here; a model built from a config has none
+    peft_model.peft_config["default"].base_model_name_or_path = base_path
+    return peft_model
+
+
+def write_lora_dir(hf_config: dict, state: dict[str, torch.Tensor], spec: ModelSpec, dest: Path, info: dict,
+                   merge: bool) -> Path:
+    """A LoRA actor's export to `dest`, atomically: the adapter in PEFT's format (adapter_config.json,
+    adapter_model.safetensors) with the tokenizer in `dest/adapter`, and with `merge` the model with
+    the adapters folded into its weights in `dest` itself."""
+    from rlkube.runtime.data.tokenizer_export import save_tokenizer
+    from rlkube.runtime.engine.lora import save_adapter
+
+    assert spec.lora is not None
+
+    def fill(tmp: Path) -> None:
+        if merge:
+            _write_model_files(hf_config, merge_lora(state, spec.lora.alpha / spec.lora.rank), spec.tokenizer,
+                               tmp, info)
+        else:
+            _write_meta(tmp, info, spec.tokenizer, fmt="peft-lora")
+        adapter = tmp / ADAPTER_DIR
+        save_adapter(lora_host_model(hf_config, state, spec.lora, spec.path), adapter)
+        save_tokenizer(spec.tokenizer, adapter)
+        _write_meta(adapter, info, spec.tokenizer, fmt="peft-lora")
+
+    return _write_atomically(dest, fill)
 
 
 def _remove_leftovers(dest: Path) -> None:
@@ -257,9 +327,17 @@ class Exporter:
             full = get_model_state_dict(wrapper, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.is_main:
             return None
-        meta = model_meta(wrapper.lm, self.config.model, "")
-        state = merge_lora({key[len(MODEL_PREFIX):]: value for key, value in full.items()}, meta["loraScale"] or 0.0)
-        write_model_dir(meta["hfConfig"], state, self.config.model.tokenizer, self.dest, {"step": step})
-        emit({"event": "export", "step": step, "path": str(self.dest), "seconds": round(time.perf_counter() - t0, 3)})
-        model = {report.OUTPUT_PATH: str(self.dest), report.OUTPUT_STEP: step}
-        return {report.OUTPUTS: {report.OUTPUT_MODEL: model}}
+        spec, hf_config = self.config.model, wrapper.lm.config.to_dict()
+        state = {key[len(MODEL_PREFIX):]: value for key, value in full.items()}
+        outputs = {}
+        if spec.lora is None:
+            write_model_dir(hf_config, state, spec.tokenizer, self.dest, {"step": step})
+        else:
+            merge = self.config.export.merge_lora
+            write_lora_dir(hf_config, state, spec, self.dest, {"step": step}, merge)
+            outputs[report.OUTPUT_ADAPTER] = {report.OUTPUT_PATH: str(self.dest / ADAPTER_DIR), report.OUTPUT_STEP: step}
+        if spec.lora is None or self.config.export.merge_lora:
+            outputs[report.OUTPUT_MODEL] = {report.OUTPUT_PATH: str(self.dest), report.OUTPUT_STEP: step}
+        emit({"event": "export", "step": step, "path": str(self.dest), **{f"{k}Path": v[report.OUTPUT_PATH]
+              for k, v in outputs.items()}, "seconds": round(time.perf_counter() - t0, 3)})
+        return {report.OUTPUTS: outputs}

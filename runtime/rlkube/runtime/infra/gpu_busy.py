@@ -32,7 +32,7 @@ from rlkube.runtime.infra.log import warn_once
 SAMPLE_HZ = 10.0
 MAX_SAMPLES = 1 << 16  # ~110 minutes at 10 Hz between two windows; older samples are dropped
 # The phases every trainer may mark; fixed so ranks can exchange them as one vector.
-PHASES = ("data_wait", "generate", "score", "forward_backward", "optimizer", "checkpoint")
+PHASES = ("data_wait", "generate", "score", "forward_backward", "optimizer", "checkpoint", "eval")
 
 Source = Callable[[], "float | None"]
 

@@ -72,6 +72,16 @@ class Progress:
             report.LOSS: Gauge("rlkube_loss", "Training loss of the last step", registry=self.registry),
             report.REWARD_MEAN: Gauge("rlkube_reward_mean", "Mean reward (DPO: chosen implicit reward)",
                                       registry=self.registry),
+            report.EVAL_STEP: Gauge("rlkube_eval_step", "Optimizer steps done at the latest evaluation",
+                                    registry=self.registry),
+            report.EVAL_LOSS: Gauge("rlkube_eval_loss", "Loss on the eval set (DPO/KTO)", registry=self.registry),
+            report.EVAL_ACCURACY: Gauge("rlkube_eval_accuracy", "Implicit-reward accuracy on the eval set "
+                                        "(DPO/KTO), 0..1", registry=self.registry),
+            report.EVAL_MARGIN: Gauge("rlkube_eval_margin", "Mean implicit-reward margin on the eval set (DPO/KTO)",
+                                      registry=self.registry),
+            report.EVAL_REWARD_MEAN: Gauge("rlkube_eval_reward_mean", "Mean reward of greedy completions of the "
+                                           "eval prompts (PPO/GRPO; DPO/KTO: chosen implicit reward)",
+                                           registry=self.registry),
         }
         self._extra: dict[str, Gauge] = {}
         self.tokens = Counter("rlkube_tokens", "Non-pad tokens trained on", registry=self.registry)

@@ -42,6 +42,7 @@ from rlkube.runtime.infra.log import log
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
 from rlkube.runtime.infra.startup import StartupClock
 from rlkube.runtime.trainers.batching import SampleCost
+from rlkube.runtime.trainers.evaluation import eval_due, eval_progress
 from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
 
 
@@ -77,6 +78,11 @@ class TrainResult:
     def accuracies(self) -> list[float]:
         """DPO: preference accuracy of each step."""
         return [r["accuracy"] for r in self.records]
+
+    @property
+    def evals(self) -> list[dict]:
+        """The evaluations of this run, in order (trainers/evaluation.py)."""
+        return [r["eval"] for r in self.records if "eval" in r]
 
     @property
     def reward_means(self) -> list[float]:
@@ -179,6 +185,11 @@ class Trainer:
     def finish(self, result: TrainResult) -> None:
         """Add what the trainer reports at the end of a run to `result`."""
 
+    def evaluate(self) -> dict:
+        """The trainer's evaluation on its eval set (trainers/evaluation.py), on every rank; {}
+        for a trainer without one."""
+        return {}
+
     def export_source(self) -> tuple[torch.nn.Module, str] | None:
         """The trained actor on this rank, for the Hugging Face export (infra/export.py): the
         module whose `.lm` is the HF model (as sharded for training) and its name prefix in
@@ -235,6 +246,9 @@ class Trainer:
                 group["lr"] = lr
         self.monitor.reset_peak()
         rec = self.train_step(step, lr)
+        if eval_due(cfg, step + 1):
+            with self.busy.phase("eval"):
+                rec["eval"] = {"step": step + 1, **self.evaluate()}
         window = self.busy.window()
         self.job_busy = gather_busy(self.ctx, window)
         rec.update(step_fields(self.job_busy, window))
@@ -257,7 +271,7 @@ class Trainer:
         start = {**self.start_event(), "startupSeconds": self.startup.seconds(), **parameter_budget(self.trainable)}
         try:
             run_steps(self.config, self.ctx, self.start_step, start, one_step, self.save,
-                      self.progress_fields, report=self.report(), busy_ranks=lambda: self.job_busy.ranks,
+                      self.progress_with_eval, report=self.report(), busy_ranks=lambda: self.job_busy.ranks,
                       export=self.export)
         finally:
             try:
@@ -266,6 +280,10 @@ class Trainer:
                 self.close()
         self.finish(result)
         return result
+
+    def progress_with_eval(self, rec: dict) -> dict:
+        """`progress_fields(rec)` and, after a step that evaluated, the evaluation's fields."""
+        return {**self.progress_fields(rec), **(eval_progress(rec["eval"]) if "eval" in rec else {})}
 
     def save(self, step: int) -> None:
         with self.busy.phase("checkpoint"):  # the stall: waiting for the previous write, staging

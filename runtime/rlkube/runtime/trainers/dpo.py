@@ -35,6 +35,7 @@ import torch
 
 from rlkube.runtime.algorithms.dpo import PairLogps, pair_loss, pair_stats
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.eval_split import eval_micro_batches, split_eval
 from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
 from rlkube.runtime.data.preferences import PreferenceData, load_preference_data
 from rlkube.runtime.data.prefetch import Prefetcher
@@ -51,6 +52,7 @@ from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.infra.metrics import FlopModel
 from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, apply_update, run_trainer
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
+from rlkube.runtime.trainers.evaluation import preference_summary
 
 
 def sample_costs(data: PreferenceData) -> list[SampleCost]:
@@ -84,7 +86,10 @@ class DPOTrainer(Trainer):
         """The tokenizer, the training data and each sample's cost (what the batcher plans with)."""
         config = self.config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
-        self.data = load_preference_data(config.data, self.tokenizer, config.model.tokenizer, config.output_dir)
+        data = load_preference_data(config.data, self.tokenizer, config.model.tokenizer, config.output_dir)
+        self.data, self.eval_data = split_eval(
+            config.data, data, lambda spec: load_preference_data(spec, self.tokenizer, config.model.tokenizer,
+                                                                 config.output_dir))
         self.costs = sample_costs(self.data)
 
     def build(self) -> None:
@@ -148,14 +153,17 @@ class DPOTrainer(Trainer):
         self.batcher.load_state_dict(state["batcher"])
 
     # -- one micro-batch -----------------------------------------------------------------
-    def collate(self, ids: list[int]) -> TokenBatch:
-        tok = self.tokenizer
+    def collate(self, ids: list[int], data: PreferenceData | None = None) -> TokenBatch:
+        """Samples `ids` of `data` (default: the training data) as one micro-batch."""
+        tok, data = self.tokenizer, data if data is not None else self.data
         if self.config.data.packing and not self.rows_per_sequence:
-            return pack_pairs(self.data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
+            return pack_pairs(data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
                               row_tokens=self.row_tokens, pad=tok.pad_id)
-        return pad_pairs(self.data, ids, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
+        return pad_pairs(data, ids, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
 
-    def micro_batch(self, batch: TokenBatch, scale: float) -> dict:
+    def score_batch(self, batch: TokenBatch, counted: bool) -> tuple[torch.Tensor, dict]:
+        """The per-pair losses of a micro-batch and its sums (TOTAL_KEYS); `counted` is False for a
+        weight-0 padding micro-batch."""
         cfg = self.config.training
         with torch.no_grad():
             ref = self.reference(batch)
@@ -163,13 +171,43 @@ class DPOTrainer(Trainer):
         counts = batch.response_tokens
         logps = PairLogps(pol[0::2], pol[1::2], ref[0::2], ref[1::2], counts[0::2], counts[1::2])
         losses = pair_loss(logps, cfg.beta, cfg.loss_type)
-        (losses.sum() * scale).backward()
         s = pair_stats(logps, losses, cfg.beta)
-        return {
+        return losses, {
             "pairs": s.pairs, "loss": s.loss_sum, "margin": s.margin_sum, "correct": s.correct,
             "chosen": s.chosen_reward_sum, "tokens": batch.real_tokens,
             "scored": int(batch.target_ids.numel()), "seq_lens": batch.seq_lens,
         }
+
+    def micro_batch(self, batch: TokenBatch, scale: float) -> dict:
+        losses, out = self.score_batch(batch, counted=bool(scale))
+        (losses.sum() * scale).backward()
+        return out
+
+    # -- evaluation (trainers/evaluation.py says when) -------------------------------------
+    def evaluate(self) -> dict:
+        """The training loss's scoring of every eval sample, without gradients, summed over ranks."""
+        if self.eval_data is None:
+            return {}
+        ctx, keys = self.ctx, [k for k in self.TOTAL_KEYS if k not in ("tokens", "scored")]
+        batches = eval_micro_batches(len(self.eval_data), ctx.world_size, ctx.rank,
+                                     self.config.batching.max_micro_batch)
+        sums = dict.fromkeys(keys, 0.0)
+        was_training = self.policy.training
+        self.policy.train(False)  # no dropout: the eval set's numbers are the model's, not a sample's
+        try:
+            with torch.no_grad():
+                for ids in batches:
+                    batch = self.collate(ids or [0], self.eval_data).to(ctx.device)
+                    _, out = self.score_batch(batch, counted=bool(ids))
+                    for key in keys if ids else ():
+                        sums[key] += out[key]
+        finally:
+            self.policy.train(was_training)
+        return self.eval_summary(dict(zip(keys, all_reduce_sum(ctx, [sums[k] for k in keys]), strict=True)))
+
+    def eval_summary(self, sums: dict[str, float]) -> dict:
+        """The evaluation's record from its sums over every rank's eval samples."""
+        return preference_summary(sums)
 
     def run_step(self, step: int) -> tuple[dict, list[list[SampleCost]]]:
         """Forward/backward of every micro-batch of `step`, redone after an OOM."""

@@ -25,6 +25,7 @@ import torch
 
 from rlkube.runtime.algorithms.kto import clamp_reference_point, kl_reference_point, kto_loss, kto_stats
 from rlkube.runtime.contract.config import DataSpec, RuntimeConfig
+from rlkube.runtime.data.eval_split import split_eval
 from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
 from rlkube.runtime.data.preferences import SPECIALS, PreferenceData, fit_to_length
 from rlkube.runtime.data.synthetic import synthetic_pairs
@@ -88,50 +89,62 @@ class KTOTrainer(DPOTrainer):
         config = self.config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         if config.data.format == "synthetic":
-            self.data = synthetic_unpaired(config.data, self.tokenizer)
+            data = synthetic_unpaired(config.data, self.tokenizer)
         else:
-            self.data = load_unpaired_data(config.data, self.tokenizer)
+            data = load_unpaired_data(config.data, self.tokenizer)
+        self.data, self.eval_data = split_eval(config.data, data,
+                                               lambda spec: load_unpaired_data(spec, self.tokenizer))
         specials = SPECIALS if self.data.specials else 0
         self.costs = []
         for i in range(len(self.data)):
             n = len(self.data.prompts[i]) + len(self.data.completions[i]) + specials
             self.costs.append(SampleCost(index=i, tokens=2 * n, rows=2, longest=n))
 
-    def collate(self, ids: list[int]) -> KtoBatch:
-        tok, view = self.tokenizer, mismatched_view(self.data, ids)
+    def collate(self, ids: list[int], data: UnpairedData | None = None) -> KtoBatch:
+        data = data if data is not None else self.data
+        tok, view = self.tokenizer, mismatched_view(data, ids)
         local = list(range(len(ids)))
         if self.config.data.packing and not self.rows_per_sequence:
             batch = pack_pairs(view, local, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
                                row_tokens=self.row_tokens, pad=tok.pad_id)
         else:
             batch = pad_pairs(view, local, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
-        labels = torch.tensor([self.data.labels[i] for i in ids], dtype=torch.bool)
+        labels = torch.tensor([data.labels[i] for i in ids], dtype=torch.bool)
         return KtoBatch(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(TokenBatch)},
                         desirable=labels)
 
-    def micro_batch(self, batch: KtoBatch, scale: float) -> dict:
+    def score_batch(self, batch: KtoBatch, counted: bool) -> tuple[torch.Tensor, dict]:
         cfg = self.config.training
         with torch.no_grad():
             ref = self.reference(batch)
         pol = self.policy(batch)
         # z0 from the mismatched sequences, over every rank's micro-batch (each rank runs the same
         # number of micro-batches, padded with weight-0 ones, so the all-reduce always pairs up)
-        kl_sum, kl_count = kl_reference_point(pol[1::2].detach(), ref[1::2]) if scale else (0.0, 0)
+        kl_sum, kl_count = kl_reference_point(pol[1::2].detach(), ref[1::2]) if counted else (0.0, 0)
         kl_sum, kl_count = all_reduce_sum(self.ctx, [kl_sum, float(kl_count)])
-        if not scale:  # a padding micro-batch: its own (weight-0) loss needs a z0 all the same
+        if not counted:  # a padding micro-batch: its own (weight-0) loss needs a z0 all the same
             kl_sum, kl_count = kl_reference_point(pol[1::2].detach(), ref[1::2])
         z0 = clamp_reference_point(kl_sum, int(kl_count))
         desirable = batch.desirable
         losses = kto_loss(pol[0::2], ref[0::2], desirable, z0, cfg.beta,
                           cfg.kto_desirable_weight, cfg.kto_undesirable_weight)
-        (losses.sum() * scale).backward()
         s = kto_stats(pol[0::2], ref[0::2], desirable, losses, z0, cfg.beta)
-        return {
+        return losses, {
             "pairs": s.samples, "loss": s.loss_sum, "margin": 0.0, "correct": s.correct,
             "chosen": s.desirable_reward_sum, "desirable": s.desirable,
             "undesirable_reward": s.undesirable_reward_sum, "kl_sum": kl_sum, "kl_count": kl_count,
             "tokens": batch.real_tokens, "scored": int(batch.target_ids.numel()), "seq_lens": batch.seq_lens,
         }
+
+    def eval_summary(self, sums: dict[str, float]) -> dict:
+        """KTO's accuracy (reward on the side of z0 its label says) and margin (mean desirable
+        minus mean undesirable reward) over the eval completions."""
+        samples, desirable = max(sums["pairs"], 1.0), sums["desirable"]
+        undesirable = sums["pairs"] - desirable
+        good = sums["chosen"] / desirable if desirable else 0.0
+        bad = sums["undesirable_reward"] / undesirable if undesirable else 0.0
+        return {"samples": int(sums["pairs"]), "loss": sums["loss"] / samples, "accuracy": sums["correct"] / samples,
+                "margin": good - bad, "rewardMean": good}
 
     def run_step(self, step: int):
         totals, plan = super().run_step(step)

@@ -79,7 +79,7 @@ def micro_slices(rows: slice, size: int) -> list[slice]:
 class RolloutWorker:
     """Turns a step's prompts into a rollout: generation on the actor's ranks, shared with all."""
 
-    def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, sampler: StepSampler,
+    def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, sampler: StepSampler | None,
                  sampling: SamplingParams, pad_id: int, group_size: int, engine: HybridEngine | None,
                  sync: Callable[[], None]) -> None:
         self.config, self.groups = config, groups
@@ -120,7 +120,10 @@ class RolloutWorker:
 
     def prompts(self, step: int) -> PromptBatch:
         """The prompt block of step `step` (host tensors; safe on a thread of its own)."""
-        prompt_index = group_layout(self.sampler.batch(step), self.group_size)
+        return self.prompt_batch(group_layout(self.sampler.batch(step), self.group_size))
+
+    def prompt_batch(self, prompt_index: list[int]) -> PromptBatch:
+        """The prompts `prompt_index` of this worker's data, left-padded (one row each)."""
         ids, mask = self._prompt_block([self.data.ids[i] for i in prompt_index])
         return PromptBatch(prompt_index, ids, mask)
 

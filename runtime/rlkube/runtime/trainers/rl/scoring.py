@@ -78,18 +78,18 @@ class Scorer:
             else:
                 self.reward_model = build_reward_model(reward.model, ctx.device, tokenizer.pad_id, seed)
 
-    def _completion_texts(self, rollout: Rollout, rows: slice) -> tuple[list[str], list[str]]:
+    def _completion_texts(self, rollout: Rollout, rows: slice, data: PromptData) -> tuple[list[str], list[str]]:
         eos, pad = self.tokenizer.eos_id, self.tokenizer.pad_id
         prompts, completions = [], []
         for r in range(rollout.rows)[rows]:
             ids = rollout.sequences[r, rollout.prompt_len :][rollout.response_mask[r].bool()].tolist()
             completions.append(self.tokenizer.decode([t for t in ids if t not in (eos, pad)]))
-            prompts.append(self.data.texts[rollout.prompt_index[r]])
+            prompts.append(data.texts[rollout.prompt_index[r]])
         return prompts, completions
 
-    def _scores(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+    def _scores(self, rollout: Rollout, rows: slice, data: PromptData | None = None) -> torch.Tensor:
         if self.reward_fn is not None:
-            prompts, completions = self._completion_texts(rollout, rows)
+            prompts, completions = self._completion_texts(rollout, rows, data if data is not None else self.data)
             return score_with_function(self.reward_fn, prompts, completions)
         device = self.groups.ctx.device
         return self.reward_model(rollout.sequences[rows].to(device), rollout.attention_mask[rows].to(device))
@@ -97,6 +97,11 @@ class Scorer:
     def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         micro = self.config.batching.max_micro_batch
         return response_logprobs(self.reference, rollout, rows, micro, self.groups.ctx.device)
+
+    def rewards(self, rollout: Rollout, data: PromptData) -> torch.Tensor:
+        """The reward of each row of a rollout of `data`'s prompts (the eval set's), on every rank."""
+        return self.groups.per_row("reward", lambda rows: self._scores(rollout, rows, data), rollout.rows, (),
+                                   torch.float32)
 
     def score(self, rollout: Rollout) -> dict[str, torch.Tensor]:
         t = rollout.sequences.shape[1] - rollout.prompt_len

@@ -40,8 +40,9 @@ import torch
 from rlkube.runtime.algorithms.grpo import fraction_of_groups_with_signal
 from rlkube.runtime.algorithms.registry import get_adv_estimator, rl_algorithm
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.eval_split import split_eval
 from rlkube.runtime.data.prefetch import Prefetcher
-from rlkube.runtime.data.prompts import PromptData, load_prompt_data
+from rlkube.runtime.data.prompts import load_prompt_data
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.generation import SamplingParams
@@ -50,6 +51,7 @@ from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.critic import CriticWorker
+from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWorker
 from rlkube.runtime.trainers.rl.scoring import Scorer
@@ -78,7 +80,9 @@ class RLTrainer(Trainer):
         self.rows = cfg.batching.global_batch * self.group_size
         self._check_divisible()
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
-        self.data: PromptData = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.max_new_tokens)
+        data = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.max_new_tokens)
+        self.data, eval_data = split_eval(
+            cfg.data, data, lambda spec: load_prompt_data(spec, self.tokenizer, cfg.rollout.max_new_tokens))
         try:
             sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
         except ValueError as e:
@@ -90,6 +94,9 @@ class RLTrainer(Trainer):
         self.rollout = RolloutWorker(cfg, self.groups, self.data, sampler, sampling, self.tokenizer.pad_id,
                                      self.group_size, engine, self.sync)
         self.estimate = get_adv_estimator(self.algorithm.advantage_estimator)
+        self.evaluator = None if eval_data is None else GreedyEvaluator(
+            cfg, self.groups, eval_data, self.scorer, engine, self.tokenizer.eos_id, self.tokenizer.pad_id,
+            self.rows, self.sync)
         self._prompt_stream = None  # (step, PromptBatch) from the prefetch thread, from the first step on
 
     def _build_workers(self) -> None:
@@ -261,6 +268,9 @@ class RLTrainer(Trainer):
 
     def export_source(self) -> tuple[torch.nn.Module, str] | None:
         return (self.actor.model, "actor.") if self.actor else None
+
+    def evaluate(self) -> dict:
+        return self.evaluator() if self.evaluator is not None else {}
 
     def progress_fields(self, rec: dict) -> dict:
         return {"rewardMean": rec["rewardMean"],

@@ -1,0 +1,46 @@
+"""PPO/GRPO evaluation: the mean reward of greedy completions of the eval prompts.
+
+Greedy (temperature 0), one completion a prompt, whatever the rollout's sampling: the number then
+says what the policy does, not what a sample of it happened to do, and two evaluations of the
+same weights agree. The eval prompts go through the rollout's own path in blocks of the step's
+row count (globalBatch x groupSize, which every role's ranks split evenly): the actor's ranks
+generate with the hybrid engine, the reward role scores (rule or model), every rank gets the
+scores. The last block is filled up with repeats of its first prompt, whose rewards are not
+counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.prompts import PromptData
+from rlkube.runtime.engine.generation import SamplingParams
+from rlkube.runtime.engine.hybrid_engine import HybridEngine
+from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.rollout import RolloutWorker
+from rlkube.runtime.trainers.rl.scoring import Scorer
+
+
+class GreedyEvaluator:
+    """Mean reward of greedy completions of `data`'s prompts, the same on every rank."""
+
+    def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, scorer: Scorer,
+                 engine: HybridEngine | None, eos_id: int, pad_id: int, block_rows: int,
+                 sync: Callable[[], None]) -> None:
+        greedy = SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=0.0,
+                                eos_token_id=eos_id, pad_token_id=pad_id)
+        self.worker = RolloutWorker(config, groups, data, None, greedy, pad_id, 1, engine, sync)
+        self.data, self.scorer, self.block_rows = data, scorer, block_rows
+
+    def __call__(self) -> dict:
+        n, total, length = len(self.data), 0.0, 0.0
+        for start in range(0, n, self.block_rows):
+            index = list(range(start, min(start + self.block_rows, n)))
+            real = len(index)
+            index += [index[0]] * (self.block_rows - real)
+            rollout, _ = self.worker.generate(0, self.worker.prompt_batch(index))  # greedy: no seed used
+            scores = self.scorer.rewards(rollout, self.data)
+            total += float(scores[:real].sum())
+            length += float(rollout.response_mask[:real].sum())
+        return {"samples": n, "rewardMean": total / n, "responseLengthMean": length / n}

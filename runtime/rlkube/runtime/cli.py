@@ -3,8 +3,8 @@
 `run` (and its alias `train`) reads the runtime config (a RuntimeConfig as camelCase YAML, the
 path as argument or in RLKUBE_CONFIG), validates it before anything starts — a bad config exits
 3 with the field path of every problem — and then launches (launch.py) and trains. `run(config)`
-is the in-process entry point: it dispatches on `config.algorithm` ("dpo" -> trainer.py,
-"ppo"/"grpo" -> rl_trainer.py) and maps outcomes to the exit codes of the contract
+is the in-process entry point: it picks the trainer of `config.algorithm` from `TRAINERS`
+(trainers/dpo.py, kto.py, rl/) and maps outcomes to the exit codes of the contract
 (`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
 
 `export` writes the Hugging Face directory of a committed checkpoint's actor (infra/export.py), on
@@ -14,6 +14,7 @@ CPU in this one process; exit 3 with the argument named when the checkpoint or a
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -57,25 +58,22 @@ def load_config(path: str) -> RuntimeConfig:
         raise ConfigError("\n".join(format_validation_error(e, path))) from None
 
 
+# The trainer module of each algorithm, imported when a run needs it (torch and transformers load
+# only then, so `validate` and `doctor` stay fast). Each module has `train(config, ctx, hooks)`.
+TRAINERS = {
+    "dpo": "rlkube.runtime.trainers.dpo",
+    "kto": "rlkube.runtime.trainers.kto",
+    "ppo": "rlkube.runtime.trainers.rl",
+    "grpo": "rlkube.runtime.trainers.rl",
+}
+
+
 def run(config: RuntimeConfig, **kwargs):
     """Train `config` in this process (one rank); the algorithm's result."""
-    if config.algorithm == "dpo":
-        from rlkube.runtime.trainers.dpo import train
-
-        return train(config, **kwargs)
-    if config.algorithm == "kto":
-        from rlkube.runtime.trainers.kto import train as train_kto
-
-        return train_kto(config, **kwargs)
-    try:
-        from rlkube.runtime.trainers import rl as rl_trainer
-    except ImportError as e:
-        if e.name and e.name.endswith("trainers.rl"):
-            raise ConfigError(
-                f"algorithm: {config.algorithm} needs rlkube.runtime.trainers.rl, which is not part of this build"
-            ) from None
-        raise
-    return rl_trainer.train(config, **kwargs)
+    name = TRAINERS.get(config.algorithm)
+    if name is None:
+        raise ConfigError(f"algorithm: {config.algorithm!r} has no trainer; valid: {', '.join(sorted(TRAINERS))}")
+    return importlib.import_module(name).train(config, **kwargs)
 
 
 def config_failed(e: ConfigError) -> int:

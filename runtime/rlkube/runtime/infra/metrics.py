@@ -9,7 +9,7 @@ MFU counts the FLOPs the step needs, not the FLOPs a particular implementation s
 - recomputation by gradient checkpointing is not counted (it is overhead, not work).
 
 Peak: `RLKUBE_PEAK_TFLOPS` if set, else 989 TFLOP/s (datasheet bf16 dense) for H100/H200; the
-team's measured H200 matmul ceiling (~800 TFLOP/s, BENCHMARKS.md) is `MEASURED_H200_PEAK` and
+team's measured H200 matmul ceiling (~800 TFLOP/s, docs/benchmarks.md) is `MEASURED_H200_PEAK` and
 benchmarks report against both. On CPU there is no peak and MFU is None.
 
 GPU busy time (gpu_busy.py) is exported on rank 0's /metrics as

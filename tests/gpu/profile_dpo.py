@@ -34,9 +34,6 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=6, help="micro-batches profiled")
     ap.add_argument("--trace", default=None, help="write a Chrome trace here")
     args = ap.parse_args()
-    from rlkube.runtime.cli import use_expandable_segments
-
-    use_expandable_segments()
     from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.trainers.base import TrainerHooks
     from rlkube.runtime.trainers.dpo import train

@@ -138,17 +138,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def use_expandable_segments() -> None:
-    """CUDA's caching allocator with expandable segments, unless the user configured it.
-
-    Micro-batch shapes change every step (adaptive token budgets, long-tailed lengths); with fixed
-    segments the cache fragments, the allocator frees and re-allocates device memory (each a
-    device-wide synchronisation) and the memory held grows past what is in use. Must be set
-    before torch initialises CUDA; PYTORCH_CUDA_ALLOC_CONF="" keeps torch's default.
-    """
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-
-
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     if ns.verb == "doctor":
@@ -160,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     if ns.verb not in ("run", "train"):
         _parser().print_help(sys.stderr)
         return 2
-    use_expandable_segments()
     if not ns.config:
         print(f"config error: no config path (argument or {ENV_CONFIG})", file=sys.stderr)
         return EXIT_CONFIG

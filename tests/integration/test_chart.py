@@ -69,8 +69,12 @@ NAMESPACED_SET = [f"watchNamespaces={{{','.join(WATCHED)}}}"]
 # -- helm lint and values schema ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sets", [[], NAMESPACED_SET, ["metrics.serviceMonitor.enabled=true"]],
-                         ids=["all-namespaces", "namespaced", "servicemonitor"])
+OBSERVABILITY_SET = ["dashboard.enabled=true", "prometheusRule.enabled=true", "metrics.podMonitor.enabled=true",
+                     "metrics.serviceMonitor.enabled=true"]
+
+
+@pytest.mark.parametrize("sets", [[], NAMESPACED_SET, ["metrics.serviceMonitor.enabled=true"], OBSERVABILITY_SET],
+                         ids=["all-namespaces", "namespaced", "servicemonitor", "observability"])
 def test_helm_lint_strict_is_clean(sets):
     args = ["lint", "--strict", str(CHART)]
     for s in sets:
@@ -89,6 +93,8 @@ def test_helm_lint_strict_is_clean(sets):
         ("metrics.port=70000", "port"),
         ("resources.limits.memory=lots", "memory"),
         ("replicas=2", "replicas"),  # not a value of this chart: one operator, leader-elected
+        ("prometheusRule.thresholds.gpuBusyRatio=2", "gpuBusyRatio"),
+        ("prometheusRule.thresholds.pendingMinutes=0", "pendingMinutes"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(bad, key):
@@ -207,6 +213,39 @@ def test_metrics_service_and_service_monitor_toggles():
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"] == one(render(), "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def test_dashboard_rule_and_pod_monitor_render_only_when_enabled():
+    kinds = ("PrometheusRule", "PodMonitor")
+    default = render()
+    assert not [d for d in default if d["kind"] in kinds or "grafana_dashboard" in d["metadata"].get("labels", {})]
+
+    docs = render(*OBSERVABILITY_SET, "prometheusRule.thresholds.pendingMinutes=45",
+                  "prometheusRule.labels.release=prom", "dashboard.namespace=monitoring")
+    dashboard = one(docs, "ConfigMap", "rlkube-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    shipped = json.loads((CHART / "dashboards" / "rlkube-jobs.json").read_text())
+    assert json.loads(dashboard["data"]["rlkube-jobs.json"]) == shipped
+
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {"RLTrainingJobWaitingTooLong", "RLTrainingJobGpusIdle", "RLTrainingJobRestarting",
+                           "RLTrainingJobNoProgress"}
+    assert alerts["RLTrainingJobWaitingTooLong"]["for"] == "45m"
+    assert "$labels.rltj" in alerts["RLTrainingJobNoProgress"]["annotations"]["summary"]  # not eaten by helm
+    assert "${" not in json.dumps(rule)
+
+    monitor = one(docs, "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["selector"]["matchLabels"] == {"rlkube.io/pod-index": "0"}
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_rlkube_io_job"], "targetLabel": "rltj"} in (
+        monitor["spec"]["podMetricsEndpoints"][0]["relabelings"])
+    scoped = one(render(*NAMESPACED_SET, "metrics.podMonitor.enabled=true"), "PodMonitor")
+    assert scoped["spec"]["namespaceSelector"] == {"matchNames": WATCHED}
+    assert one(docs, "ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"] is True
 
 
 # -- the API server's verdict ------------------------------------------------------------------------------

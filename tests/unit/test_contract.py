@@ -15,7 +15,7 @@ from rlkube.operator import render
 from rlkube.operator.api import ProgressStatus, parse_spec
 from rlkube.operator.observed import JobRef
 from rlkube.operator.placement import Placement, PodPlan
-from rlkube.operator.status import progress_status
+from rlkube.operator.status import DERIVED_PROGRESS, progress_status
 from rlkube.runtime.contract import pod, progress
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path
@@ -130,13 +130,15 @@ def test_permanent_exit_codes_fail_the_job_by_default():
 
 
 def test_progress_fields_map_onto_status_progress():
-    wire = {info.alias for info in ProgressStatus.model_fields.values()} - {"updatedAt"}
+    wire = {info.alias for info in ProgressStatus.model_fields.values()} - {"updatedAt", *DERIVED_PROGRESS}
     mapped = {field for field in progress.STATUS_PROGRESS.values() if field}
     assert mapped == wire  # every status.progress field is fed by one /progress field, and no more
+    assert not set(DERIVED_PROGRESS) & mapped  # derived fields are the operator's, never copied
     assert set(progress.REPORT_FIELDS) == set(progress.STATUS_PROGRESS)
     report = {key: 1 for key in progress.REPORT_FIELDS} | {progress.PHASE: progress.PHASE_TRAINING}
-    written = progress_status(report, dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
-    assert set(written) == mapped | {"updatedAt"}  # the trainer's phase and its attempt stay out
+    written = progress_status(report, dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc), gpus=1)
+    # the trainer's phase and its attempt stay out
+    assert set(written) == mapped | {"updatedAt", *DERIVED_PROGRESS}
 
 
 def test_the_runtime_reports_every_field_and_its_attempt(monkeypatch):

@@ -187,6 +187,8 @@ def test_status_subresource_printer_columns_and_kopf_state(manifest, root_schema
         ("GPUs", ".status.gpus"),
         ("Step", ".status.progress.step"),
         ("Tokens/s", ".status.progress.tokensPerSecond"),
+        ("ETA(s)", ".status.progress.etaSeconds"),
+        ("Done%", ".status.progress.percent"),
         ("Age", ".metadata.creationTimestamp"),
     ]
     status = root_schema["properties"]["status"]

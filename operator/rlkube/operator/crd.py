@@ -312,6 +312,8 @@ def _printer_columns() -> list[dict]:
         column("GPUs", "integer", ".status.gpus", "GPUs of the job."),
         column("Step", "integer", ".status.progress.step", "Optimizer steps done."),
         column("Tokens/s", "number", ".status.progress.tokensPerSecond", "Tokens trained per second."),
+        column("ETA(s)", "integer", ".status.progress.etaSeconds", "Seconds left at the latest step's pace."),
+        column("Done%", "number", ".status.progress.percent", "Optimizer steps done, in percent.", priority=1),
         column("Age", "date", ".metadata.creationTimestamp", "Time since the job was created."),
     ]
 

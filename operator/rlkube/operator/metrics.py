@@ -1,5 +1,9 @@
 """The operator's own Prometheus metrics and its health/metrics HTTP endpoint.
 
+Besides its own work (reconciles, errors, leadership) the operator exports what it knows of each
+job from the status it writes: the job's phase, its gang restarts and how long it waited for its
+first admission (docs/metrics.md has every name; the chart's dashboard and alerts use them).
+
 Served on one port (default 8080): `/metrics` (Prometheus text), `/healthz` (liveness: 200 while
 the operator's event loop keeps beating, so a frozen loop gets the pod restarted) and `/readyz`
 (200 once this replica leads and its watches run; standby replicas answer 503).
@@ -9,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +25,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from rlkube.operator.observed import parse_time
+from rlkube.operator.status_types import PHASES
+
+# Admission waits run from seconds (a free cluster) to hours (a full Kueue queue).
+ADMISSION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200)
 
 
 class Metrics:
@@ -47,6 +58,29 @@ class Metrics:
         )
         self._beat = time.monotonic()
         self.ready = False
+        self._jobs_metrics()
+
+    def _jobs_metrics(self) -> None:
+        self.jobs = Gauge("rlkube_operator_jobs", "Jobs this operator has reconciled, by status.phase.",
+                          ["phase"], registry=self.registry)
+        self.job_phase = Gauge(
+            "rlkube_operator_job_phase", "1 for the job's status.phase, 0 for the other phases.",
+            ["namespace", "rltj", "phase"], registry=self.registry,
+        )
+        self.restarts = Counter(
+            "rlkube_operator_job_restarts", "Gang restarts of the job (status.restarts).",
+            ["namespace", "rltj"], registry=self.registry,
+        )
+        self.admission_wait = Histogram(
+            "rlkube_operator_admission_wait_seconds", "From the job's creation to its first gang's admission "
+            "(status.admissionTime of attempt 0): Kueue's queue, waiting for GPUs, placement.",
+            buckets=ADMISSION_BUCKETS, registry=self.registry,
+        )
+        self._phases: dict[tuple[str, str], str] = {}
+        self._restarts: dict[tuple[str, str], int] = {}
+        self._jobs_lock = threading.Lock()
+        for phase in PHASES:  # every phase has a series from the start, so sum() never sees a gap
+            self.jobs.labels(phase).set(0)
 
     def observe_reconcile(self, action: str, seconds: float) -> None:
         self.reconciles.labels(action=action).inc()
@@ -55,11 +89,66 @@ class Metrics:
     def observe_error(self, kind: str) -> None:
         self.errors.labels(kind=kind).inc()
 
+    def observe_job(self, namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any],
+                    created: str) -> None:
+        """A reconcile turned status `old` into `new`: the job's phase and restarts, and its
+        admission wait when this reconcile admitted its first gang (`created`: creationTimestamp).
+
+        Restarts are counted from status.restarts, so a restarted operator's counter starts where
+        the status is, and Prometheus sees no reset and no jump."""
+        key, phase = (namespace, name), str(new.get("phase") or "Pending")
+        with self._jobs_lock:
+            self._phases[key] = phase
+            for p in PHASES:
+                self.job_phase.labels(namespace, name, p).set(1 if p == phase else 0)
+            self._count_phases()
+            restarts = int(new.get("restarts") or 0)
+            seen = self._restarts.get(key, 0)
+            self.restarts.labels(namespace, name).inc(max(0, restarts - seen))
+            self._restarts[key] = max(restarts, seen)
+        wait = admission_wait(old, new, created)
+        if wait is not None:
+            self.admission_wait.observe(wait)
+
+    def forget_job(self, namespace: str, name: str) -> None:
+        """The job is gone (or being deleted): drop its series."""
+        key = (namespace, name)
+        with self._jobs_lock:
+            if self._phases.pop(key, None) is None:
+                return
+            self._restarts.pop(key, None)
+            for p in PHASES:
+                self.job_phase.remove(namespace, name, p)
+            try:
+                self.restarts.remove(namespace, name)
+            except KeyError:
+                pass
+            self._count_phases()
+
+    def _count_phases(self) -> None:
+        counts = dict.fromkeys(PHASES, 0)
+        for phase in self._phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, count in counts.items():
+            self.jobs.labels(phase).set(count)
+
     def beat(self) -> None:
         self._beat = time.monotonic()
 
     def beat_age(self) -> float:
         return time.monotonic() - self._beat
+
+
+def admission_wait(old: Mapping[str, Any], new: Mapping[str, Any], created: str) -> float | None:
+    """Seconds from `created` to the admission of attempt 0, when `new` is the status that first
+    records it (None otherwise: a later attempt's admission is a restart, not a wait in line)."""
+    admitted = new.get("admissionTime")
+    if not admitted or admitted == old.get("admissionTime") or int(new.get("attempt") or 0) != 0:
+        return None
+    start, end = parse_time(created), parse_time(admitted)
+    if start is None or end is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
 
 
 def serve(metrics: Metrics, port: int, host: str = "0.0.0.0", max_beat_age: float = 60.0,

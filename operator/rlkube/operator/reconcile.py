@@ -169,10 +169,12 @@ class Reconciler:
             body = self.api.get_job(namespace, name)
             if body is None:
                 action = "gone"
+                self.metrics.forget_job(namespace, name)
                 return None
             job = JobView.from_object(body)
             if job.deleting:
                 action = "deleting"  # children go by ownerReference garbage collection
+                self.metrics.forget_job(namespace, name)
                 return None
             objs = [p for p in self.api.list_pods(namespace, f"{LABEL_JOB}={name}") if owned_by(p, job.ref.uid)]
             pods = pod_views(objs)
@@ -185,6 +187,8 @@ class Reconciler:
             except Rejected as refused:
                 decision = self._reject(job, refused) or decision
             action = decision.action
+            if decision.status is not None:
+                self.metrics.observe_job(namespace, name, job.status, decision.status, job.created)
             return decision
         finally:
             self.metrics.observe_reconcile(action, time.monotonic() - started)

@@ -158,8 +158,30 @@ def role_readiness(
     return out
 
 
-def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
-    """status.progress from rank 0's /progress JSON: known numeric fields, negatives dropped."""
+# status.progress fields the operator derives from the copied ones (no /progress field feeds them).
+DERIVED_PROGRESS = ("percent", "etaSeconds", "tokensPerSecondPerGpu")
+
+
+def pace(progress: Mapping[str, Any], gpus: int | None) -> dict:
+    """percent, etaSeconds and tokensPerSecondPerGpu from status.progress's step, totalSteps,
+    stepSeconds and tokensPerSecond, and the job's GPUs; each left out where its inputs are."""
+    out: dict[str, Any] = {}
+    step, total = progress.get("step"), progress.get("totalSteps")
+    if isinstance(step, int) and isinstance(total, int) and total > 0:
+        done = min(step, total)
+        out["percent"] = round(100.0 * done / total, 1)
+        seconds = progress.get("stepSeconds")
+        if isinstance(seconds, (int, float)):
+            out["etaSeconds"] = round((total - done) * seconds)
+    tps = progress.get("tokensPerSecond")
+    if isinstance(tps, (int, float)) and gpus:
+        out["tokensPerSecondPerGpu"] = round(tps / gpus, 1)
+    return out
+
+
+def progress_status(report: Mapping[str, Any], now: dt.datetime, gpus: int | None = None) -> dict:
+    """status.progress from rank 0's /progress JSON: known numeric fields, negatives dropped, and
+    what follows from them (`pace`) for a job of `gpus` GPUs."""
     out: dict[str, Any] = {}
     for key in PROGRESS_FIELDS:
         value = report.get(key)
@@ -177,7 +199,10 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime) -> dict:
             continue
         elif key == "tokensPerSecond":
             value = round(value, 1)  # `kubectl get rltj` shows it: 26904.2, not 26904.229259433603
+        elif key == "stepSeconds":
+            value = round(value, 3)
         out[key] = value
+    out.update(pace(out, gpus))
     out["updatedAt"] = format_time(now)
     return out
 
@@ -292,7 +317,7 @@ def summarize(
     if placement is not None:
         status["placement"] = placement_to_status(placement, pod_names)
     if progress is not None:
-        status["progress"] = progress_status(progress, now)
+        status["progress"] = progress_status(progress, now, status.get("gpus"))
     elif old.get("progress"):
         status["progress"] = dict(old["progress"])
     if outputs := kept_outputs(progress, old):

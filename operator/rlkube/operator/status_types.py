@@ -109,6 +109,19 @@ class ProgressStatus(Status):
     tokens_per_second: float | None = Field(
         default=None, ge=0, description="Real (non-pad) tokens trained per second, whole job."
     )
+    step_seconds: float | None = Field(
+        default=None, ge=0, description="Wall seconds of the latest optimizer step: the pace etaSeconds assumes."
+    )
+    percent: float | None = Field(
+        default=None, ge=0, le=100, description="step / totalSteps, in percent (one decimal)."
+    )
+    eta_seconds: int | None = Field(
+        default=None, ge=0, description="Seconds left at the latest step's pace: (totalSteps - step) x "
+        "stepSeconds. Evaluation and checkpoint time between steps is not in the pace."
+    )
+    tokens_per_second_per_gpu: float | None = Field(
+        default=None, ge=0, description="tokensPerSecond over the job's GPUs (status.gpus)."
+    )
     mfu: float | None = Field(default=None, ge=0, description="Model FLOPs utilization, 0 to 1.")
     gpu_utilization: float | None = Field(
         default=None, ge=0, description="Mean GPU utilization over the job's GPUs, 0 to 1."

@@ -39,7 +39,8 @@ def test_placement_round_trips_through_status():
 
 @pytest.mark.parametrize("report, expected", [
     ({"step": 5, "totalSteps": 30, "tokensPerSecond": 1.5e3, "mfu": 0.4, "loss": -0.2, "rewardMean": -1.0},
-     {"step": 5, "totalSteps": 30, "tokensPerSecond": 1500.0, "mfu": 0.4, "loss": -0.2, "rewardMean": -1.0}),
+     {"step": 5, "totalSteps": 30, "tokensPerSecond": 1500.0, "mfu": 0.4, "loss": -0.2, "rewardMean": -1.0,
+      "percent": 16.7}),  # derived from step/totalSteps (status.pace)
     ({"step": None, "mfu": float("nan"), "loss": float("inf"), "gpuUtilization": -1, "phase": "train"}, {}),
     ({"step": True, "tokensPerSecond": "fast", "extra": 1}, {}),
     ({"tokensPerSecond": 26904.229259433603}, {"tokensPerSecond": 26904.2}),  # as `kubectl get` shows it

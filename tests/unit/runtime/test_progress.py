@@ -88,3 +88,23 @@ def test_health_is_served_early_and_the_loop_adopts_the_same_server(monkeypatch)
         assert json.loads(get(port, "/progress")[1])["step"] == 2
     finally:
         early.stop()
+
+
+def test_per_gpu_throughput_phase_seconds_and_checkpoint_stall_are_exported():
+    from prometheus_client import generate_latest
+
+    progress = Progress(total_steps=10, gpus=4)
+    progress.update(step=1, tokensPerSecond=4000.0, stepSeconds=1.5,
+                    phaseSeconds={"generate": 0.75, "forward_backward": 0.5})
+    progress.observe_checkpoint(0.25)
+    progress.observe_checkpoint(0.5)
+    sample = progress.registry.get_sample_value
+    assert sample("rlkube_tokens_per_second_per_gpu") == 1000.0
+    assert sample("rlkube_step_seconds") == 1.5 and progress.snapshot()["stepSeconds"] == 1.5
+    assert sample("rlkube_phase_seconds", {"phase": "generate"}) == 0.75
+    assert sample("rlkube_checkpoint_last_stall_seconds") == 0.5
+    assert sample("rlkube_checkpoint_stall_seconds_total") == 0.75 and sample("rlkube_checkpoints_total") == 2
+    progress.update(step=2, phaseSeconds={"optimizer": 0.1})  # a phase the last step had not: no stale series
+    assert sample("rlkube_phase_seconds", {"phase": "generate"}) is None
+    assert b'rlkube_phase_seconds{phase="optimizer"} 0.1' in generate_latest(progress.registry)
+    assert Progress(total_steps=1).registry.get_sample_value("rlkube_tokens_per_second_per_gpu") == 0.0

@@ -18,6 +18,7 @@ PHASE = "phase"                        # starting, training, succeeded, failed
 STEP = "step"                          # optimizer steps done
 TOTAL_STEPS = "totalSteps"             # optimizer steps the run will do
 TOKENS_PER_SECOND = "tokensPerSecond"  # real (non-pad) tokens trained per second, whole job
+STEP_SECONDS = "stepSeconds"           # wall seconds of the latest optimizer step (the pace of status' ETA)
 MFU = "mfu"                            # model FLOPs utilization, 0..1
 GPU_UTILIZATION = "gpuUtilization"     # GPU busy ratio, 0..1
 LOSS = "loss"                          # training loss of the latest step
@@ -46,6 +47,7 @@ STATUS_PROGRESS: dict[str, str | None] = {
     STEP: "step",
     TOTAL_STEPS: "totalSteps",
     TOKENS_PER_SECOND: "tokensPerSecond",
+    STEP_SECONDS: "stepSeconds",
     MFU: "mfu",
     GPU_UTILIZATION: "gpuUtilization",
     LOSS: "loss",

@@ -50,8 +50,10 @@ def attempt_from_env() -> int | None:
 class Progress:
     """The job's current state, shared between the training loop and the HTTP thread."""
 
-    def __init__(self, total_steps: int, attempt: int | None = None) -> None:
+    def __init__(self, total_steps: int, attempt: int | None = None, gpus: int | None = None) -> None:
+        """`gpus`: the job's world size (one GPU a rank), the divisor of tokens/s/GPU (None: not exported)."""
         self._lock = threading.Lock()
+        self._gpus = gpus
         self._state: dict = {k: None for k in FIELDS}
         self._state.update({
             report.PHASE: report.PHASE_STARTING,
@@ -65,6 +67,8 @@ class Progress:
             report.TOTAL_STEPS: Gauge("rlkube_total_steps", "Optimizer steps to run", registry=self.registry),
             report.TOKENS_PER_SECOND: Gauge("rlkube_tokens_per_second", "Non-pad tokens per second",
                                             registry=self.registry),
+            report.STEP_SECONDS: Gauge("rlkube_step_seconds", "Wall seconds of the latest optimizer step",
+                                       registry=self.registry),
             report.MFU: Gauge("rlkube_mfu", "Model FLOPs utilization against the card's peak", registry=self.registry),
             report.GPU_UTILIZATION: Gauge("rlkube_gpu_utilization", "GPU busy ratio over the last step "
                                           "(NVML sampled at 10 Hz; the least busy rank), 0..1",
@@ -85,6 +89,18 @@ class Progress:
         }
         self._extra: dict[str, Gauge] = {}
         self.tokens = Counter("rlkube_tokens", "Non-pad tokens trained on", registry=self.registry)
+        self.tokens_per_gpu = Gauge("rlkube_tokens_per_second_per_gpu", "Non-pad tokens per second over the "
+                                    "job's GPUs (world size)", registry=self.registry)
+        self.phase_seconds = Gauge("rlkube_phase_seconds", "Seconds rank 0 spent in each phase of the latest "
+                                   "step (a checkpoint save after step N counts in step N+1)", ["phase"],
+                                   registry=self.registry)
+        # A save's stall is what the step loop waits (the previous write, staging the state); the
+        # write itself runs in the background and is not counted.
+        self.checkpoint_stall = Gauge("rlkube_checkpoint_last_stall_seconds", "Seconds the step loop waited "
+                                      "in the latest checkpoint save", registry=self.registry)
+        self.checkpoint_stall_total = Counter("rlkube_checkpoint_stall_seconds", "Seconds the step loop waited "
+                                              "in checkpoint saves, all saves of this run", registry=self.registry)
+        self.checkpoints = Counter("rlkube_checkpoints", "Checkpoint saves of this run", registry=self.registry)
         self._gauges[report.TOTAL_STEPS].set(total_steps)
 
     def update(self, tokens: int = 0, extra: dict[str, float] | None = None, **fields) -> None:
@@ -95,12 +111,32 @@ class Progress:
                 self._state[key] = value
                 if key in self._gauges and isinstance(value, (int, float)):
                     self._gauges[key].set(value)
+            self._derived_gauges(fields)
             for key, value in (extra or {}).items():
                 if key not in self._extra:
                     self._extra[key] = Gauge(f"rlkube_{key}", key.replace("_", " "), registry=self.registry)
                 self._extra[key].set(value)
             if tokens:
                 self.tokens.inc(tokens)
+
+    def _derived_gauges(self, fields: dict) -> None:
+        """The gauges a field feeds other than its own: tokens/s/GPU, seconds by phase."""
+        tps = fields.get(report.TOKENS_PER_SECOND)
+        if self._gpus and isinstance(tps, (int, float)):
+            self.tokens_per_gpu.set(tps / self._gpus)
+        phases = fields.get(report.PHASE_SECONDS)
+        if isinstance(phases, dict):
+            self.phase_seconds.clear()  # a phase absent from this step holds no stale series
+            for phase, seconds in phases.items():
+                if isinstance(seconds, (int, float)):
+                    self.phase_seconds.labels(phase).set(seconds)
+
+    def observe_checkpoint(self, stall_seconds: float) -> None:
+        """One checkpoint save that held the step loop for `stall_seconds`."""
+        with self._lock:
+            self.checkpoint_stall.set(stall_seconds)
+            self.checkpoint_stall_total.inc(stall_seconds)
+            self.checkpoints.inc()
 
     def snapshot(self) -> dict:
         with self._lock:

@@ -11,13 +11,14 @@ What it owns, so the trainers only say what a step is:
   and the last report as the container's termination message when the loop ends;
 - what /progress and /metrics show of a step: its throughput and loss, its GPU busy fraction and
   per-phase busy and seconds, the start-up split, and `rlkube_gpu_busy_ratio{role,rank,phase}`
-  for every rank.
+  for every rank; of a checkpoint save, how long it held the loop (docs/metrics.md).
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -100,7 +101,7 @@ def run_steps(
     when SIGTERM arrived, NonFiniteLoss from a step.
     """
     total = cfg.training.steps
-    progress = Progress(total) if ctx.is_main else None
+    progress = Progress(total, gpus=ctx.world_size) if ctx.is_main else None
     gauges = BusyGauges(progress.registry, ctx.role_ranks) if progress is not None and busy_ranks else None
     server = serve_progress(cfg, ctx, progress)
     sigterm = SigtermFlag()
@@ -116,7 +117,8 @@ def run_steps(
             done = i + 1
             if progress is not None:
                 progress.update(tokens=rec["tokens"], step=done, loss=rec["loss"], mfu=rec["mfu"],
-                                tokensPerSecond=rec["tokensPerSecond"], gpuUtilization=rec["gpuUtilization"],
+                                tokensPerSecond=rec["tokensPerSecond"], stepSeconds=rec.get("seconds"),
+                                gpuUtilization=rec["gpuUtilization"],
                                 gpuBusyPhases=rec.get("gpuBusyPhases"), phaseSeconds=rec.get("phaseSeconds"),
                                 **progress_fields(rec))
                 if "startupSeconds" in rec:  # the first step of this run completes the split
@@ -127,7 +129,10 @@ def run_steps(
                 report(done, rec) if report is not None else emit(rec)
             stop = all_reduce_max(ctx, [1.0 if sigterm.set else 0.0])[0] > 0
             if done % cfg.checkpoint.every_steps == 0 or done == total or stop:
+                saving = time.perf_counter()
                 save(done)
+                if progress is not None:
+                    progress.observe_checkpoint(time.perf_counter() - saving)
             if export is not None and not stop:  # a stopped run's checkpoint is exported later, if wanted
                 exported = export(done)
                 if progress is not None and exported:

@@ -107,7 +107,8 @@ class BusyGauges:
 
 
 class GpuMonitor:
-    """Utilization and memory of this process's GPU through NVML (None where unavailable)."""
+    """Memory of this process's GPU, and its NVML handle (None where unavailable). Busy time is
+    infra/gpu_busy.py's sampler: one NVML read says little about a step."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -123,14 +124,6 @@ class GpuMonitor:
             self._nvml = pynvml
         except Exception:  # NVML missing in the container: torch's own counters still work
             self.handle = None
-
-    def utilization(self) -> float | None:
-        if self.handle is None:
-            return None
-        try:
-            return self._nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu / 100.0
-        except Exception:
-            return None
 
     def memory_total(self) -> int | None:
         if self.device.type != "cuda":

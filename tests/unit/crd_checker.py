@@ -354,6 +354,14 @@ def _bool(value: Any) -> bool:
     return value
 
 
+def names(error: str, path: str) -> bool:
+    """Whether an `admit` error names `path` ('spec.training.kl', or a part of one as a bad
+    manifest's '# expect:' line may give it): in its location, or, for a CEL rule on a parent
+    object, in the path its message starts with."""
+    location, _, message = error.partition(": ")
+    return path in location or path.removeprefix("spec.") in message.partition(": ")[0]
+
+
 def admit(obj: dict, crd: dict) -> list[str]:
     """Errors the API server would report on creating `obj` (an RLTrainingJob dict)."""
     schema = _prepared(crd)

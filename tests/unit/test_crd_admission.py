@@ -1,11 +1,11 @@
-"""The CRD's schema and CEL rules agree with the pydantic validators (see crd_checker)."""
+"""The CRD's schema and CEL rules agree with the pydantic validators (see crd_checker).
+
+The manifests of tests/data and examples/ get their one verdict in test_corpus_verdicts.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from crd_checker import CelError, admit, evaluate, validate
+from crd_checker import CelError, admit, evaluate, names, validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -13,47 +13,9 @@ from rltj_builders import job
 from rltj_strategies import mutated_specs
 
 from rlkube.operator import api, crd
-from rlkube.operator.cli import load_documents
 from rlkube.runtime.contract.config import RuntimeConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 CRD = crd.crd_manifest()
-
-# Bad manifests that the API server itself rejects by other means, or that only pydantic sees.
-NOT_BY_THE_SCHEMA = {
-    "model-config-without-type": "CEL cannot look inside a preserve-unknown-fields object",
-    "name-missing": "the API server requires metadata.name before any schema check",
-    "wrong-api-version": "the API server routes by apiVersion; no schema applies",
-    "wrong-kind": "the API server routes by kind; no schema applies",
-}
-
-
-def load(path: Path) -> dict:
-    return load_documents(path.read_text(encoding="utf-8"))[0]
-
-
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
-def test_examples_are_admitted(path):
-    assert admit(load(path), CRD) == []
-
-
-def names(error: str, path: str) -> bool:
-    """Whether a CRD error names `path` ('spec.training.kl', or a part of one as a bad manifest's
-    '# expect:' line may give it): in its location, or, for a CEL rule on a parent object, in the
-    path its message starts with."""
-    location, _, message = error.partition(": ")
-    return path in location or path.removeprefix("spec.") in message.partition(": ")[0]
-
-
-@pytest.mark.parametrize("path", sorted((ROOT / "tests/data/bad").glob("*.yaml")), ids=lambda p: p.stem)
-def test_bad_manifests_are_refused_by_the_crd_too(path):
-    errors = admit(load(path), CRD)
-    if path.stem in NOT_BY_THE_SCHEMA:
-        assert errors == [], "listed as not caught by the schema, but it is: drop it from the list"
-    else:
-        assert errors, f"{path.name}: the CRD admits what rlkube validate refuses"
-        expect = path.read_text(encoding="utf-8").splitlines()[0].removeprefix("# expect: ").strip()
-        assert any(names(error, expect) for error in errors), (expect, errors)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,8 +2,8 @@
 
 They repeat the cross-field rules of the pydantic validators (`rlkube.operator.spec_types`, and
 `rlkube.runtime.contract.config` / `algorithm_settings` for the sections the runtime shares), so
-`kubectl apply` rejects what `rlkube validate` rejects; tests/unit/test_crd_admission.py runs the
-same manifests through both. Each message starts with the field path, as the pydantic errors do.
+`kubectl apply` rejects what `rlkube validate` rejects; tests/unit/test_corpus_verdicts.py runs the
+manifests of tests/data through both, test_crd_admission.py generated specs. Each message starts with the field path, as the pydantic errors do.
 """
 
 from __future__ import annotations

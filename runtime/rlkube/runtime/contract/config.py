@@ -58,6 +58,7 @@ class ModelSpec(Spec):
 
     path: str | None = Field(
         default=None,
+        min_length=1,
         max_length=MAX_PATH_LEN,
         description="Directory of a Hugging Face checkpoint, loaded with from_pretrained(path). "
         "Exactly one of path and config is set.",
@@ -70,6 +71,7 @@ class ModelSpec(Spec):
     )
     tokenizer: str = Field(
         default="byte",
+        min_length=1,
         max_length=MAX_PATH_LEN,
         description="Tokenizer directory for from_pretrained, or 'byte' for rlkube's built-in "
         "byte-level tokenizer (256 byte tokens plus pad/bos/eos).",
@@ -250,6 +252,7 @@ class DataSpec(Spec):
     from left-padded prompts taken inside the step."""
 
     source: str = Field(
+        min_length=1,
         max_length=MAX_PATH_LEN,
         description="Path of a JSONL or Parquet file (or a directory of them), or of a directory "
         "written by Hugging Face datasets' save_to_disk (format 'arrow'). For format 'synthetic', a "
@@ -309,6 +312,7 @@ class DataSpec(Spec):
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for data order and synthesis.")
     eval: str | None = Field(
         default=None,
+        min_length=1,
         max_length=MAX_PATH_LEN,
         description="Evaluation data: a JSONL or Parquet file, a directory of them, or a save_to_disk "
         "directory, with the training data's fields (the format is read from the path; data.format where "
@@ -492,7 +496,7 @@ class CheckpointSpec(Spec):
     """Where and how often the trainer checkpoints."""
 
     dir: str = Field(
-        default="/checkpoints", max_length=MAX_PATH_LEN, description="Checkpoint directory in the pod."
+        default="/checkpoints", min_length=1, max_length=MAX_PATH_LEN, description="Checkpoint directory in the pod."
     )
     every_steps: int = Field(default=50, ge=1, le=100_000_000, description="Checkpoint every N steps.")
     keep: int = Field(default=2, ge=1, le=1000, description="Committed checkpoints to keep.")
@@ -512,6 +516,7 @@ class ExportSpec(Spec):
     enabled: bool = Field(default=True, description="Export at the end of training (and every everySteps).")
     dir: str | None = Field(
         default=None,
+        min_length=1,
         max_length=MAX_PATH_LEN,
         description="Directory of the export in the pod, replaced atomically by each export. Unset: "
         "<checkpoint.dir>/export, on the checkpoint volume.",

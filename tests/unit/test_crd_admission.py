@@ -8,12 +8,11 @@ import pytest
 from crd_checker import CelError, admit, evaluate, names, validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 from rltj_builders import job
 from rltj_strategies import mutated_specs
+from verdicts import three_verdicts
 
 from rlkube.operator import api, crd
-from rlkube.runtime.contract.config import RuntimeConfig
 
 CRD = crd.crd_manifest()
 
@@ -69,19 +68,12 @@ SETTING_CASES = [
     ("dpo", {"data": {**SYNTHETIC, "lengthMix": "longTailed", "prefetch": 8},
              "batching": {"minMicroBatch": 2, "maxTokensPerGpu": 4096, "targetUtilization": 0.5}}, None),
 ]
-RUNTIME_SECTIONS = ("algorithm", "model", "roles", "data", "batching", "training", "rollout")
 
 
 @pytest.mark.parametrize("algorithm, overrides, refused", SETTING_CASES)
 def test_algorithm_settings_get_one_verdict_from_pydantic_the_crd_and_the_runtime(algorithm, overrides, refused):
     obj = job(algorithm=algorithm, **overrides)
-    pydantic_paths = [error.path for error in api.job_errors(obj)]
-    crd_errors = admit(obj, CRD)
-    try:
-        RuntimeConfig.model_validate({key: obj["spec"][key] for key in RUNTIME_SECTIONS if key in obj["spec"]})
-        runtime_error = ""
-    except ValidationError as exc:
-        runtime_error = str(exc)
+    pydantic_paths, crd_errors, runtime_error = three_verdicts(obj)
     if refused is None:
         assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
     else:

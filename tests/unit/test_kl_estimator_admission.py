@@ -1,15 +1,12 @@
 """klEstimator k1 as a KL loss term gets one verdict from pydantic, the CRD's CEL and the runtime."""
 
 import pytest
-from crd_checker import admit
-from pydantic import ValidationError
 from rltj_builders import job
+from verdicts import three_verdicts
 
-from rlkube.operator import api, crd
-from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.operator import crd
 
 CRD = crd.crd_manifest()
-RUNTIME_SECTIONS = ("algorithm", "model", "roles", "data", "batching", "training", "rollout")
 PATH = "spec.training.klEstimator"
 CASES = [
     ("grpo", {"kl": 0.05, "klEstimator": "k1"}, PATH),
@@ -33,13 +30,7 @@ def test_k1_as_a_loss_term_is_refused_everywhere(algorithm, training, refused):
     if algorithm == "ppo":
         roles["critic"] = {"colocateWith": "actor"}
     obj = job(algorithm=algorithm, roles=roles, training=training)
-    pydantic_paths = [error.path for error in api.job_errors(obj)]
-    crd_errors = admit(obj, CRD)
-    try:
-        RuntimeConfig.model_validate({key: obj["spec"][key] for key in RUNTIME_SECTIONS if key in obj["spec"]})
-        runtime_error = ""
-    except ValidationError as exc:
-        runtime_error = str(exc)
+    pydantic_paths, crd_errors, runtime_error = three_verdicts(obj)
     if refused is None:
         assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
     else:

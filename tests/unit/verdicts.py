@@ -1,0 +1,25 @@
+"""What each of the three validators says of one RLTrainingJob: pydantic (`rlkube validate`), the
+CRD's schema and CEL rules (offline, crd_checker) and the runtime's own config model."""
+
+from __future__ import annotations
+
+from crd_checker import admit
+from pydantic import ValidationError
+
+from rlkube.operator import api, crd
+from rlkube.runtime.contract.config import RuntimeConfig
+
+CRD = crd.crd_manifest()
+RUNTIME_SECTIONS = ("algorithm", "model", "roles", "data", "batching", "training", "rollout")
+
+
+def three_verdicts(obj: dict) -> tuple[list[str], list[str], str]:
+    """(pydantic's error paths, the CRD's errors, the runtime's error text or "")."""
+    pydantic_paths = [error.path for error in api.job_errors(obj)]
+    crd_errors = admit(obj, CRD)
+    try:
+        RuntimeConfig.model_validate({key: obj["spec"][key] for key in RUNTIME_SECTIONS if key in obj["spec"]})
+        runtime_error = ""
+    except ValidationError as exc:
+        runtime_error = str(exc)
+    return pydantic_paths, crd_errors, runtime_error

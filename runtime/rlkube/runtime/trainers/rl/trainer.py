@@ -72,11 +72,8 @@ class RLTrainer(Trainer):
             raise ConfigError(str(e)) from None
         self.group_size = self.algorithm.group_size(tcfg)
         self.groups = RoleGroups(self.ctx, cfg.device_map)
-        if tcfg.kl > 0 and cfg.roles.reference is None:
-            raise ConfigError("training.kl: > 0 needs roles.reference (the frozen policy the KL is taken to)")
-        reward = cfg.roles.reward
-        if reward.function is None and reward.model is None:
-            raise ConfigError("roles.reward: set either function (a rule-based reward) or model (a reward model)")
+        # kl > 0 without a reference and a reward role without a source are refused when the
+        # config is validated (contract/algorithm_settings.py), before any pod starts.
         self.rows = cfg.batching.global_batch * self.group_size
         self._check_divisible()
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)

@@ -3,7 +3,8 @@
 Each role computes on its own ranks, on its share of the rows, and the role's leader broadcasts
 the result (`RoleGroups.per_row`):
 - scores: a rule-based reward function on the reward ranks, or a reward model over them;
-- ref_logprobs: the frozen reference's per-token log-probs (when training.kl > 0);
+- ref_logprobs: the frozen reference's per-token log-probs (when training.kl > 0): a model of
+  its own, or, for a LoRA actor, the actor itself with its adapters off (the trainer passes it);
 - values: the critic's per-token values (algorithms with a critic);
 - old_logprobs: the actor's own log-probs at rollout time, when the rollout is trained on more
   than once (several epochs or mini-batches) or the KL goes into the reward.
@@ -58,9 +59,11 @@ class Scorer:
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, tokenizer: Tokenizer, data: PromptData,
                  with_values: bool, with_old_logprobs: bool, values: RowsFn | None, old_logprobs: RowsFn | None,
-                 ) -> None:
+                 reference: torch.nn.Module | None = None) -> None:
         """`values` (the critic's) and `old_logprobs` (the actor's) are called only on ranks holding
-        that role; every rank takes part in the broadcast when `with_values` / `with_old_logprobs`."""
+        that role; every rank takes part in the broadcast when `with_values` / `with_old_logprobs`.
+        `reference`: the reference policy when the caller already holds it (a LoRA actor with its
+        adapters off, engine/lora.py ReferenceView); else it is built here (build_reference)."""
         self.config, self.groups, self.tokenizer, self.data = config, groups, tokenizer, data
         self.with_values, self.with_old_logprobs = with_values, with_old_logprobs
         self.values, self.old_logprobs = values, old_logprobs
@@ -68,7 +71,7 @@ class Scorer:
         ctx, reward, seed = groups.ctx, config.roles.reward, config.training.seed
         self.reference = self.reward_fn = self.reward_model = None
         if self.use_reference and "reference" in groups.here:
-            self.reference = build_reference(config, ctx)
+            self.reference = reference if reference is not None else build_reference(config, ctx)
         if "reward" in groups.here:
             if reward.function is not None:
                 try:

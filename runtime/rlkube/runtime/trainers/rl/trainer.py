@@ -46,8 +46,10 @@ from rlkube.runtime.data.prompts import load_prompt_data
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.generation import SamplingParams
+from rlkube.runtime.engine.lora import ReferenceView
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
+from rlkube.runtime.infra.log import warn_once
 from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.critic import CriticWorker
@@ -116,7 +118,25 @@ class RLTrainer(Trainer):
             with_old_logprobs=self.reuse_rollout or self.algorithm.kl_in_reward(cfg.training),
             values=self.critic.values if self.critic else None,
             old_logprobs=self.actor.logprobs if self.actor else None,
+            reference=self._reference_in_actor(),
         )
+
+    def _reference_in_actor(self) -> torch.nn.Module | None:
+        """A LoRA actor's reference: the actor's own module with its adapters off (verl's
+        reference-in-actor), so the job holds one copy of the base weights, as DPO does. Only where
+        the reference runs on the actor's ranks and names no model of its own; None: the scorer
+        builds a separate reference."""
+        cfg, ranks = self.config, self.groups.ranks
+        ref = cfg.roles.reference
+        if self.actor is None or cfg.model.lora is None or ref is None or ref.model is not None:
+            return None
+        if ranks.get("reference") != ranks.get("actor"):
+            warn_once("lora-reference", (
+                "model.lora with roles.reference on GPUs of its own: the reference holds a second copy "
+                "of the base model; reference: {colocateWith: actor} would use the actor's base weights "
+                "with the adapters off instead"))
+            return None
+        return ReferenceView(self.actor.model)
 
     def _check_divisible(self) -> None:
         t, ranks = self.config.training, self.groups.ranks

@@ -1,0 +1,102 @@
+"""PPO/GRPO with LoRA and training.kl > 0: the reference is the actor with its adapters off
+(verl's reference-in-actor), so the run holds one copy of the base weights, and the KL it trains
+with equals the one a separate frozen copy of the base gives. Tiny qwen2 on CPU, one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.engine.lora import ReferenceView
+from rlkube.runtime.trainers.loop import train_on_this_rank
+from rlkube.runtime.trainers.rl.scoring import build_reference
+from rlkube.runtime.trainers.rl.trainer import RLTrainer
+
+from .rl_common import TINY_MODEL, rl_config
+
+LORA = {"rank": 4, "alpha": 8, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]}
+BASE = {"config": {**TINY_MODEL, "initializer_range": 0.2}, "dtype": "float32", "attention": "sdpa"}
+STEPS = 3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def unique_bytes(*modules: torch.nn.Module) -> int:
+    """Bytes of parameter storage the modules hold, each storage counted once (by data_ptr)."""
+    seen, total = set(), 0
+    for module in modules:
+        for p in module.parameters():
+            storage = p.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
+
+
+def config(tmp_path, algorithm: str, separate_copy: bool) -> RuntimeConfig:
+    """A LoRA run with kl > 0 and the reference on the actor's ranks. `separate_copy`: the reference
+    names its own model, the same spec and seed as the actor's base, so it is built as a second copy
+    with equal weights (the path every run without LoRA takes)."""
+    reference = {"colocateWith": "actor", **({"model": dict(BASE)} if separate_copy else {})}
+    kl = {"kl": 0.2, "klInReward": True} if algorithm == "ppo" else {"kl": 0.2}
+    cfg = rl_config(tmp_path / ("copy" if separate_copy else "shared"), algorithm,
+                    model={**BASE, "lora": LORA},
+                    training={"steps": STEPS, "lr": 3e-2, **kl})
+    cfg["roles"]["reference"] = reference
+    return RuntimeConfig.model_validate(cfg)
+
+
+def run(cfg: RuntimeConfig) -> tuple[RLTrainer, list[dict]]:
+    held = {}
+
+    def make(c, ctx):
+        held["trainer"] = RLTrainer(c, ctx)
+        return held["trainer"]
+
+    records = train_on_this_rank(make, cfg, None).records
+    return held["trainer"], records
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_lora_reference_is_the_actor_with_adapters_off(tmp_path, algorithm):
+    shared, shared_recs = run(config(tmp_path, algorithm, separate_copy=False))
+    copied, copied_recs = run(config(tmp_path, algorithm, separate_copy=True))
+
+    # Storage: one base copy plus adapters, against two base copies plus adapters.
+    assert isinstance(shared.scorer.reference, ReferenceView)
+    assert shared.scorer.reference.actor is shared.actor.model
+    assert not isinstance(copied.scorer.reference, ReferenceView)
+    actor = shared.actor.model
+    adapters = sum(p.numel() * p.element_size() for p in actor.parameters() if p.requires_grad)
+    base = unique_bytes(actor) - adapters
+    assert 0 < adapters < 0.2 * base
+    assert unique_bytes(actor, shared.scorer.reference.actor) == base + adapters
+    assert unique_bytes(copied.actor.model, copied.scorer.reference) == 2 * base + adapters
+
+    # The KL the runs trained with is the same, step by step, and not zero: the adapters moved the
+    # policy away from the base, and the view kept computing the base.
+    key = "kl" if algorithm == "grpo" else "rewardMean"  # ppo: the KL is in the reward
+    for a, b in zip(shared_recs, copied_recs, strict=True):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a, b)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7), (a, b)
+    if algorithm == "grpo":
+        assert shared_recs[-1]["kl"] > 1e-4, shared_recs
+
+    # Log-probs: the view equals a freshly built frozen base and differs from the trained actor.
+    fresh = build_reference(copied.config, shared.groups.ctx)
+    seq = torch.randint(3, 259, (4, 24), generator=torch.Generator().manual_seed(1))
+    att = torch.ones_like(seq)
+    p = 8
+
+    def logps(model):
+        with torch.no_grad():
+            return model(seq, att, p, att[:, p:])[0]
+
+    view = logps(shared.scorer.reference)
+    torch.testing.assert_close(view, logps(fresh), rtol=1e-5, atol=1e-5)
+    assert (view - logps(actor)).abs().max() > 1e-3
+    assert all(p.requires_grad == ("lora_" in n) for n, p in actor.named_parameters())  # adapters back on

@@ -76,3 +76,43 @@ def test_lora_export_without_merge_holds_the_adapter_only(tmp_path):
     assert not (export / "config.json").exists()  # no model a from_pretrained would take for the run's
     assert (export / "adapter" / "adapter_model.safetensors").is_file()
     assert trainer.export(3)["outputs"] == {"adapter": {"path": str(export / "adapter"), "step": 3}}
+
+
+def test_rlkube_export_of_a_lora_checkpoint_writes_the_adapter_and_merged_model(tmp_path):
+    """`python -m rlkube.runtime export CKPT --to DIR [--merge-lora]` of a LoRA run's checkpoint:
+    the adapter from the LoRA settings the checkpoint records, the merged model with the flag."""
+    import subprocess
+    import sys
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlkube.runtime.engine.models import build_causal_lm
+    from rlkube.runtime.infra.export import export_checkpoint
+
+    from .conftest import ROOT, runtime_env
+
+    cfg, trainer = trained(tmp_path, merge=False)
+    want = logits(trainer.policy.lm.eval())
+    ckpt = tmp_path / "ckpt"
+    out = tmp_path / "cli"
+    proc = subprocess.run([sys.executable, "-m", "rlkube.runtime", "export", str(ckpt), "--to", str(out),
+                           "--merge-lora"], cwd=ROOT, env=runtime_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["step"] == 3 and record["adapterPath"] == str(out / "adapter") and record["modelPath"] == str(out)
+    settings = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert settings["r"] == LORA["rank"] and settings["lora_alpha"] == LORA["alpha"]
+    assert set(settings["target_modules"]) == set(LORA["targetModules"])
+
+    base, _ = build_causal_lm(cfg.model.model_copy(update={"lora": None}), torch.device("cpu"), seed=0)
+    with_adapter = PeftModel.from_pretrained(base, str(out / "adapter")).eval()
+    torch.testing.assert_close(logits(with_adapter), want, rtol=1e-4, atol=1e-4)
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    torch.testing.assert_close(logits(merged), want, rtol=1e-4, atol=1e-4)
+
+    # Without the flag: the adapter only, as export.mergeLora: false writes it during training.
+    record = export_checkpoint(ckpt, tmp_path / "adapter-only")
+    assert "modelPath" not in record and not (tmp_path / "adapter-only" / "config.json").exists()
+    assert (tmp_path / "adapter-only" / "adapter" / "adapter_model.safetensors").is_file()

@@ -8,7 +8,8 @@ is the in-process entry point: it picks the trainer of `config.algorithm` from `
 (`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
 
 `export` writes the Hugging Face directory of a committed checkpoint's actor (infra/export.py), on
-CPU in this one process; exit 3 with the argument named when the checkpoint or a path is wrong.
+CPU in this one process (a LoRA actor: its adapter in DIR/adapter, and with --merge-lora the merged
+model in DIR); exit 3 with the argument named when the checkpoint or a path is wrong.
 """
 
 from __future__ import annotations
@@ -107,14 +108,14 @@ def run_in_process(config: RuntimeConfig) -> int:
         raise
 
 
-def export(checkpoint: str, to: str, tokenizer: str | None, overwrite: bool) -> int:
+def export(checkpoint: str, to: str, tokenizer: str | None, overwrite: bool, merge_lora: bool = False) -> int:
     """The `export` verb: one JSON line naming the directory and step, or exit 3 and why."""
     import json
 
     from rlkube.runtime.infra.export import export_checkpoint
 
     try:
-        record = export_checkpoint(Path(checkpoint), Path(to), tokenizer, overwrite)
+        record = export_checkpoint(Path(checkpoint), Path(to), tokenizer, overwrite, merge=merge_lora)
     except ConfigError as e:
         print(f"export error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -135,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--to", required=True, metavar="DIR", help="the model directory to write")
     e.add_argument("--tokenizer", metavar="DIR", help="the tokenizer, when the run's is not at its path here")
     e.add_argument("--overwrite", action="store_true", help="replace DIR when it is not empty")
+    e.add_argument("--merge-lora", action="store_true",
+                   help="a LoRA checkpoint: also write the model with the adapters folded in to DIR (the "
+                   "adapter, in PEFT's format, always goes to DIR/adapter)")
     return parser
 
 
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor([c for c in ns.require.split(",") if c])
     if ns.verb == "export":
-        return export(ns.checkpoint, ns.to, ns.tokenizer, ns.overwrite)
+        return export(ns.checkpoint, ns.to, ns.tokenizer, ns.overwrite, ns.merge_lora)
     if ns.verb not in ("run", "train"):
         _parser().print_help(sys.stderr)
         return 2

@@ -23,7 +23,9 @@ A LoRA actor's export (during training) holds its adapter in PEFT's format in `<
 save_adapter from a host model rebuilt from the consolidated state, for
 `PeftModel.from_pretrained(base, dir/adapter)`; with `export.mergeLora` `<dir>` itself is also the
 plain model with the adapters folded in. /progress names them outputs.adapter and outputs.model.
-`export_checkpoint` (which has no LoRA settings but the scale) always folds the adapters in.
+`export_checkpoint` of a LoRA checkpoint does the same from the LoRA settings the checkpoint
+records (`merge`: the `--merge-lora` flag); a checkpoint that records only the adapters' scale
+(written before the settings were recorded) can only be folded in, and is.
 
 Both need the model's architecture, which a checkpoint records in its metadata (`model_meta`: the
 HF config, the tokenizer, where the actor's tensors sit in the checkpoint's state).
@@ -59,11 +61,14 @@ MODEL_PREFIX = "lm."  # the HF model is `.lm` of the trained wrapper (SequenceLo
 
 def model_meta(lm: torch.nn.Module, spec: ModelSpec, prefix: str) -> dict:
     """What a checkpoint records so that its actor can be exported without the run's config:
-    the HF config, the tokenizer, the name prefix of the actor's wrapper in the saved state, and
-    the LoRA scale (alpha / rank) when the actor trains adapters."""
+    the HF config, the tokenizer, the name prefix of the actor's wrapper in the saved state, and,
+    when the actor trains adapters, the LoRA settings (for PEFT's adapter_config.json), their scale
+    (alpha / rank) and the base model's path (the adapter's base_model_name_or_path)."""
     lora = getattr(spec, "lora", None)
     return {"hfConfig": lm.config.to_dict(), "tokenizer": spec.tokenizer, "prefix": prefix,
-            "loraScale": lora.alpha / lora.rank if lora is not None else None}
+            "loraScale": lora.alpha / lora.rank if lora is not None else None,
+            "lora": lora.model_dump(mode="json", by_alias=True) if lora is not None else None,
+            "basePath": spec.path if lora is not None else None}
 
 
 def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
@@ -187,26 +192,24 @@ def lora_host_model(hf_config: dict, state: dict[str, torch.Tensor], lora: LoraS
     return peft_model
 
 
-def write_lora_dir(hf_config: dict, state: dict[str, torch.Tensor], spec: ModelSpec, dest: Path, info: dict,
-                   merge: bool) -> Path:
+def write_lora_dir(hf_config: dict, state: dict[str, torch.Tensor], lora: LoraSpec, tokenizer: str,
+                   base_path: str | None, dest: Path, info: dict, merge: bool) -> Path:
     """A LoRA actor's export to `dest`, atomically: the adapter in PEFT's format (adapter_config.json,
     adapter_model.safetensors) with the tokenizer in `dest/adapter`, and with `merge` the model with
-    the adapters folded into its weights in `dest` itself."""
+    the adapters folded into its weights in `dest` itself. `base_path`: the base model's directory
+    (None for a model built from a config), recorded in the adapter's config."""
     from rlkube.runtime.data.tokenizer_export import save_tokenizer
     from rlkube.runtime.engine.lora import save_adapter
 
-    assert spec.lora is not None
-
     def fill(tmp: Path) -> None:
         if merge:
-            _write_model_files(hf_config, merge_lora(state, spec.lora.alpha / spec.lora.rank), spec.tokenizer,
-                               tmp, info)
+            _write_model_files(hf_config, merge_lora(state, lora.alpha / lora.rank), tokenizer, tmp, info)
         else:
-            _write_meta(tmp, info, spec.tokenizer, fmt="peft-lora")
+            _write_meta(tmp, info, tokenizer, fmt="peft-lora")
         adapter = tmp / ADAPTER_DIR
-        save_adapter(lora_host_model(hf_config, state, spec.lora, spec.path), adapter)
-        save_tokenizer(spec.tokenizer, adapter)
-        _write_meta(adapter, info, spec.tokenizer, fmt="peft-lora")
+        save_adapter(lora_host_model(hf_config, state, lora, base_path), adapter)
+        save_tokenizer(tokenizer, adapter)
+        _write_meta(adapter, info, tokenizer, fmt="peft-lora")
 
     return _write_atomically(dest, fill)
 
@@ -279,9 +282,11 @@ def read_model_state(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     return {key[skip:]: value for key, value in wanted.items()}
 
 
-def export_checkpoint(source: Path, dest: Path, tokenizer: str | None = None, overwrite: bool = False) -> dict:
+def export_checkpoint(source: Path, dest: Path, tokenizer: str | None = None, overwrite: bool = False,
+                      merge: bool = False) -> dict:
     """Export the actor of checkpoint `source` (a step directory, or a checkpoint root: its latest)
-    to `dest`; the export's record. ConfigError for what the user can fix."""
+    to `dest`; the export's record. A LoRA actor's adapter goes to `dest/adapter` and, with `merge`,
+    the model with the adapters folded in to `dest`. ConfigError for what the user can fix."""
     path = resolve_checkpoint(source)
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()) and not overwrite:
@@ -294,10 +299,23 @@ def export_checkpoint(source: Path, dest: Path, tokenizer: str | None = None, ov
     tok = tokenizer or model["tokenizer"]
     if tok != "byte" and not Path(tok).is_dir():
         raise ConfigError(f"--tokenizer: the run's tokenizer directory {tok!r} is not here; pass --tokenizer DIR")
-    state = merge_lora(read_model_state(path, model["prefix"]), model.get("loraScale") or 0.0)
+    state = read_model_state(path, model["prefix"])
     info = {"step": int(meta["step"]), "checkpoint": str(path)}
-    write_model_dir(model["hfConfig"], state, tok, dest, info)
-    return {"event": "export", "path": str(dest), **info}
+    record = {"event": "export", "path": str(dest), **info}
+    if model.get("lora") is not None:
+        lora = LoraSpec.model_validate(model["lora"])
+        write_lora_dir(model["hfConfig"], state, lora, tok, model.get("basePath"), dest, info, merge)
+        record["adapterPath"] = str(dest / ADAPTER_DIR)
+        if merge:
+            record["modelPath"] = str(dest)
+        return record
+    if model.get("loraScale"):
+        log.warning("export: %s records the adapters' scale but not their settings; writing the model with "
+                    "the adapters folded in, and no adapter", path)
+    elif merge:
+        log.warning("export: --merge-lora ignored, %s holds no LoRA adapters; writing its model", path)
+    write_model_dir(model["hfConfig"], merge_lora(state, model.get("loraScale") or 0.0), tok, dest, info)
+    return {**record, "modelPath": str(dest)}
 
 
 # -- during training ---------------------------------------------------------------------------
@@ -334,7 +352,7 @@ class Exporter:
             write_model_dir(hf_config, state, spec.tokenizer, self.dest, {"step": step})
         else:
             merge = self.config.export.merge_lora
-            write_lora_dir(hf_config, state, spec, self.dest, {"step": step}, merge)
+            write_lora_dir(hf_config, state, spec.lora, spec.tokenizer, spec.path, self.dest, {"step": step}, merge)
             outputs[report.OUTPUT_ADAPTER] = {report.OUTPUT_PATH: str(self.dest / ADAPTER_DIR), report.OUTPUT_STEP: step}
         if spec.lora is None or self.config.export.merge_lora:
             outputs[report.OUTPUT_MODEL] = {report.OUTPUT_PATH: str(self.dest), report.OUTPUT_STEP: step}

@@ -15,8 +15,14 @@ The model and optimizer state go through `get_state_dict`/`set_state_dict`, whic
 parameters by their fully qualified names as global tensors; DCP reshards on load, so a
 checkpoint written by 4 FSDP ranks loads into 2, or into 1 unsharded process. The metadata
 carries the trainer's own state (step, batcher state) as JSON, and the gang attempt that wrote
-it (RLKUBE_ATTEMPT): a process of an older attempt than the newest commit's is refused at
-commit (`check_fence`), so one left behind a partition cannot commit over the new attempt.
+it (RLKUBE_ATTEMPT). Fencing by attempt, for a process left running behind a partition after
+the operator started a new attempt elsewhere: every attempt raises the fence file
+(`rlkube-fence.json`, its attempt) when it starts (`claim`, in `restore`), and a commit is refused
+(`check_fence`, StaleAttempt) when the fence or any committed checkpoint carries a newer attempt
+than the writer's. The check runs just before the commit; a commit that passed it an instant
+before the new attempt raised the fence still lands, and is harmless: checkpoints are ordered
+by (attempt, step), so a newer attempt's checkpoint is always the latest and an older attempt's
+is pruned first, whatever its step.
 
 All ranks must see the same directory (a shared volume claim, or one node). Every function
 that takes a DistContext is collective: all ranks call it.
@@ -55,6 +61,7 @@ from rlkube.runtime.infra.progress import attempt_from_env
 from rlkube.runtime.infra.staging import DeviceSnapshot, device_snapshot_fits, state_bytes
 
 META = "rlkube-checkpoint.json"
+FENCE = "rlkube-fence.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 
@@ -63,7 +70,9 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def committed(root: str | Path) -> list[tuple[int, Path]]:
-    """Committed checkpoints under `root`, oldest first."""
+    """Committed checkpoints under `root` as (step, path), oldest first: by the gang attempt that
+    wrote them, then by step (a newer attempt's checkpoint supersedes an older attempt's even at
+    a lower step: the older one may be a stale process's, see the module docstring)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -71,8 +80,17 @@ def committed(root: str | Path) -> list[tuple[int, Path]]:
     for p in root.iterdir():
         m = STEP_DIR.match(p.name)
         if m and (p / META).is_file():
-            out.append((int(m.group(1)), p))
-    return sorted(out)
+            try:
+                attempt = _attempt_of(read_meta(p))
+            except (OSError, ValueError):  # removed or half-written meanwhile: not committed
+                continue
+            out.append((attempt, int(m.group(1)), p))
+    return [(step, path) for _, step, path in sorted(out)]
+
+
+def _attempt_of(meta: dict) -> int:
+    attempt = meta.get("attempt")
+    return attempt if isinstance(attempt, int) else -1
 
 
 def latest(root: str | Path) -> tuple[int, Path] | None:
@@ -104,17 +122,50 @@ class StaleAttempt(RuntimeError):
     process was replaced (its node lost, say, behind a partition) and must not commit."""
 
 
-def check_fence(root: str | Path, attempt: int | None) -> None:
-    """Fencing by attempt: refuse a commit from an attempt older than the newest committed
-    checkpoint's (its metadata's "attempt", the operator's RLKUBE_ATTEMPT of its writer). A run
-    outside an operator pod (no attempt) is not fenced."""
-    found = latest(root)
-    if attempt is None or found is None:
+def fence_attempt(root: str | Path) -> int | None:
+    """The newest attempt that started on this checkpoint directory (None: no fence yet)."""
+    try:
+        value = json.loads((Path(root) / FENCE).read_text()).get("attempt")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def claim(root: str | Path, attempt: int | None) -> None:
+    """Raise the fence to `attempt` (never lower it): from now on no older attempt commits here.
+    Called by rank 0 of every attempt when it starts, before it picks the checkpoint to resume."""
+    if attempt is None:
         return
-    newest = read_meta(found[1]).get("attempt")
-    if isinstance(newest, int) and newest > attempt:
-        raise StaleAttempt(f"checkpoint refused: attempt {attempt} is older than attempt {newest}, "
-                           f"which committed {found[1].name}; this process was replaced")
+    root = Path(root)
+    current = fence_attempt(root)
+    if current is not None and current >= attempt:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{FENCE}.{os.getpid()}.tmp"
+    with tmp.open("w") as f:
+        json.dump({"attempt": attempt, "time": time.time()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / FENCE)
+
+
+def check_fence(root: str | Path, attempt: int | None) -> None:
+    """Fencing by attempt: refuse a commit from an attempt older than the fence (the newest
+    attempt that started here) or than any committed checkpoint's (its metadata's "attempt", the
+    operator's RLKUBE_ATTEMPT of its writer). A run outside an operator pod (no attempt) is not
+    fenced."""
+    if attempt is None:
+        return
+    fence = fence_attempt(root)
+    if fence is not None and fence > attempt:
+        raise StaleAttempt(f"checkpoint refused: attempt {attempt} is older than attempt {fence}, "
+                           f"which started on {root}; this process was replaced")
+    for _, path in reversed(committed(root)):
+        newest = read_meta(path).get("attempt")
+        if isinstance(newest, int) and newest > attempt:
+            raise StaleAttempt(f"checkpoint refused: attempt {attempt} is older than attempt {newest}, "
+                               f"which committed {path.name}; this process was replaced")
+        break  # ordered by attempt: the last one carries the newest
 
 
 def _broadcast_str(ctx: DistContext, value: str) -> str:
@@ -292,8 +343,13 @@ class Checkpointer:
                 shutil.rmtree(p, ignore_errors=True)
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-        """Load the latest committed checkpoint into model and optimizer; its metadata, or None."""
-        found = latest(self.root) if self.ctx.is_main else None
+        """Load the latest committed checkpoint into model and optimizer; its metadata, or None.
+        Rank 0 first raises the fence to this attempt (`claim`): a process of an older attempt
+        still running elsewhere can no longer commit."""
+        found = None
+        if self.ctx.is_main:
+            claim(self.root, attempt_from_env())
+            found = latest(self.root)
         chosen = _broadcast_str(self.ctx, str(found[1]) if found else "")
         if not chosen:
             return None

@@ -79,10 +79,11 @@ class ModelSpec(Spec):
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="Parameter and compute dtype."
     )
-    attention: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+    attention: Literal["auto", "sdpa", "flash_attention_2", "flex_attention", "eager"] = Field(
         default="auto",
         description="Attention kernel. 'auto' picks flash_attention_2 when it is installed and the "
-        "device is CUDA, else sdpa; the choice is logged.",
+        "device is CUDA; else, for packed DPO/KTO rows on CUDA, flex_attention with a document mask; "
+        "else sdpa. The choice is logged.",
     )
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass to save memory."

@@ -12,6 +12,10 @@ reason this module exists as its own concept:
 - When `explicit_mask=True` we build the block-diagonal causal mask ourselves ([1, 1, T, T],
   bool, True = may attend) and pass it; this is the path of record for eager/sdpa and the one
   the tests compare against, so the runtime does not depend on the auto-detection alone.
+- flex_attention: engine/logprobs.py builds a sparse BlockMask (same document, causal) from the
+  position ids on the device, once per micro-batch, and the policy and the reference forward
+  share it (`TokenBatch.flex_mask`). Whole blocks of other documents are skipped, so one row of
+  the whole micro-batch costs attention only inside each sequence.
 
 Padded: sequences of similar length (see bucketing.py) are right-padded to the longest one in
 the micro-batch with a 2-D padding mask; pad tokens are counted as compute but not as tokens.
@@ -47,6 +51,7 @@ class TokenBatch:
     real_tokens: int  # non-pad tokens in the batch
     seq_lens: list[int]  # full length of every sequence, in order
     packed: bool
+    flex_mask: object = None  # flex_attention's BlockMask, built on the device on first use
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -127,10 +132,12 @@ def pack_pairs(
     explicit_mask: bool = True,
     row_tokens: int | None = None,
     pad: int = 0,
+    multiple_of: int = 1,
 ) -> TokenBatch:
     """The sequences of `pair_ids` packed end to end, position ids restarting per sequence.
 
-    `row_tokens=None`: one row holding everything (what flash-attn's varlen path wants).
+    `row_tokens=None`: one row holding everything (what flash-attn's varlen path and flex want),
+    right-padded to a multiple of `multiple_of` tokens (fewer distinct shapes for compiled kernels).
     Otherwise rows of at most `row_tokens` tokens (first-fit decreasing; a sequence longer than
     that gets a row of its own), right-padded to the longest row. Bounded rows matter for sdpa,
     whose masked kernel computes every (query, key) block of a row: a few rows of maxSeqLen cost
@@ -152,7 +159,7 @@ def pack_pairs(
             else:
                 rows.append([s])
                 fill.append(lens[s])
-    width = max(fill)
+    width = -(-max(fill) // multiple_of) * multiple_of
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     positions = torch.zeros((len(rows), width), dtype=torch.long)
     starts = [0] * len(seqs)

@@ -13,7 +13,9 @@ the reductions run in fp32; the matmuls in the weights' dtype (bf16 on GPU).
 
 `SequenceLogprobs(lm)` is the module the DPO trainer shards and calls: it runs the model's body
 once, picks the hidden states of the positions that predict response tokens (prompt tokens never
-touch the head), and sums the log-probs per sequence.
+touch the head), and sums the log-probs per sequence. With flex_attention and a packed batch it
+passes `document_mask(batch)`: a BlockMask (same sequence and causal) built once per micro-batch
+on the device and kept on the batch, so the reference and the policy forward share it.
 """
 
 from __future__ import annotations
@@ -86,6 +88,26 @@ def body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mod
     return body, head
 
 
+def document_mask(batch: TokenBatch):
+    """flex_attention's BlockMask of a packed batch: a query attends to keys of its own sequence at
+    or before it. Sequences are read from the position ids (a new one starts wherever the position
+    does not follow the previous one by 1; the right padding is a sequence of its own). Built on
+    the batch's device without a host sync, once; later calls return the same mask."""
+    if batch.flex_mask is None:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        pos = batch.position_ids
+        doc = (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)
+
+        def same_sequence_causal(b, h, q, kv):
+            return (doc[b, q] == doc[b, kv]) & (kv <= q)
+
+        rows, width = pos.shape
+        batch.flex_mask = create_block_mask(same_sequence_causal, B=rows, H=None, Q_LEN=width, KV_LEN=width,
+                                            device=pos.device, _compile=True)
+    return batch.flex_mask
+
+
 class SequenceLogprobs(torch.nn.Module):
     """A causal LM whose forward returns summed response log-probs per sequence.
 
@@ -103,12 +125,10 @@ class SequenceLogprobs(torch.nn.Module):
         """Summed log-probs per sequence ([2 * pairs] for DPO batches), or with per_token=True the
         log-prob of every target position ([N], aligned with batch.target_ids)."""
         body, head = body_and_head(self.lm)
-        out = body(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            attention_mask=batch.attention_mask,
-            use_cache=False,
-        )
+        mask = batch.attention_mask
+        if batch.packed and getattr(self.lm.config, "_attn_implementation", None) == "flex_attention":
+            mask = document_mask(batch)
+        out = body(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask, use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)
         logps = token_logprobs(picked, head.weight, batch.target_ids, self.chunk)

@@ -7,10 +7,13 @@
   model built there), never as a whole second copy in host memory; `from_pretrained` with a
   device map does the same when accelerate is installed, and plain `from_pretrained` + `.to`
   is the fallback (warned once) for checkpoints without safetensors or with renamed keys.
-- `pick_attention(spec.attention, device)`: 'auto' is flash_attention_2 when the flash_attn
-  package is importable and the device is CUDA, else sdpa. An explicit choice that cannot run
-  (flash_attention_2 without the package or without CUDA) is replaced by sdpa with one loud
+- `pick_attention(spec.attention, device, packed)`: 'auto' is flash_attention_2 when the flash_attn
+  package is importable and the device is CUDA; else, when the caller packs several sequences
+  into a row (DPO/KTO with data.packing) on CUDA, torch's flex_attention with a document mask
+  (engine/logprobs.py builds it once per micro-batch); else sdpa. An explicit choice that cannot
+  run (flash_attention_2 without the package or without CUDA) is replaced by sdpa with one loud
   warning. The choice is logged.
+- `avoid_cudnn_sdpa()`: for callers that feed sdpa rows whose shapes change every micro-batch.
 - `shard(module, ctx, role)`: FSDP2 `fully_shard` over the role's process group, one unit per
   decoder layer plus the root, when the group has more than one rank; bf16 compute with fp32
   gradient reduction. A one-rank group is left alone.
@@ -40,11 +43,21 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def pick_attention(requested: str, device: torch.device) -> str:
-    """The attention implementation to use for `requested` on `device` (logged)."""
+def flex_attention_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def pick_attention(requested: str, device: torch.device, packed: bool = False) -> str:
+    """The attention implementation to use for `requested` on `device` (logged); `packed`: the
+    caller lays several sequences end to end in a row and needs a kernel that keeps them apart."""
     cuda = device.type == "cuda"
     if requested == "auto":
-        chosen = "flash_attention_2" if (cuda and flash_attn_available()) else "sdpa"
+        if cuda and flash_attn_available():
+            chosen = "flash_attention_2"
+        elif cuda and packed and flex_attention_available():
+            chosen = "flex_attention"
+        else:
+            chosen = "sdpa"
     elif requested == "flash_attention_2" and not (cuda and flash_attn_available()):
         why = "the flash_attn package is not installed" if cuda else "the device is not CUDA"
         warn_once("attention", f"model.attention=flash_attention_2 but {why}; using sdpa instead")
@@ -55,6 +68,17 @@ def pick_attention(requested: str, device: torch.device) -> str:
     return chosen
 
 
+def avoid_cudnn_sdpa(device: torch.device) -> None:
+    """Take cuDNN out of sdpa's choice of kernels (process-wide), leaving flash and
+    memory-efficient attention. torch 2.11 prefers cuDNN's attention on Hopper, and cuDNN builds an
+    execution plan for every new (rows, length) shape: measured on an H200 (tests/gpu/profile_dpo.py,
+    DPO with one sequence a row, lengths changing every micro-batch) ~2.5 ms of host time per
+    attention call, the GPU idle ~40% of the step, and steps of 3.3 s that took 1.4-1.5 s without it."""
+    if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        log.info("sdpa: cuDNN attention off (shapes change every micro-batch); flash/efficient kernels")
+
+
 def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     dtype = DTYPES[spec.dtype]
     if device.type == "cpu" and dtype == torch.float16:
@@ -63,11 +87,14 @@ def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def build_causal_lm(spec: ModelSpec, device: torch.device, seed: int = 0) -> tuple[torch.nn.Module, str]:
-    """The causal LM of `spec` on `device`, and the attention implementation it uses."""
+def build_causal_lm(
+    spec: ModelSpec, device: torch.device, seed: int = 0, packed: bool = False
+) -> tuple[torch.nn.Module, str]:
+    """The causal LM of `spec` on `device`, and the attention implementation it uses (`packed`: see
+    pick_attention)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    attention = pick_attention(spec.attention, device)
+    attention = pick_attention(spec.attention, device, packed)
     dtype = resolve_dtype(spec, device)
     if spec.path is not None:
         model = load_pretrained(spec.path, dtype, attention, device)

@@ -44,7 +44,7 @@ from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.lora import ReferenceView, add_lora
-from rlkube.runtime.engine.models import build_causal_lm, frozen_copy, shard
+from rlkube.runtime.engine.models import avoid_cudnn_sdpa, build_causal_lm, frozen_copy, shard
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.gpu_busy import JobBusy
@@ -101,19 +101,22 @@ class DPOTrainer(Trainer):
             self.sampler = StepSampler(len(self.data), config.batching.global_batch, config.data.seed, lengths)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed)
-        # Packed rows need a block mask unless the kernel reads sequence boundaries from position
-        # ids (flash-attn varlen). On CUDA, sdpa with an arbitrary mask leaves its flash kernel for
-        # a masked one (measured on H200: ~4x slower and far more memory on long-tailed data), so
-        # there one sequence a row, rows grouped by length, no mask, beats packing.
+        lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed, packed=packing)
+        # Packed rows need a kernel that keeps sequences apart: flash-attn's varlen (boundaries from
+        # the position ids) or flex_attention (a sparse document mask). On CUDA, sdpa with an
+        # arbitrary mask leaves its flash kernel for a masked one (measured on H200: ~4x slower and
+        # far more memory on long-tailed data), so with sdpa one sequence a row, rows grouped by
+        # length, no mask, beats packing.
         self.rows_per_sequence = packing and ctx.device.type == "cuda" and self.attention in ("sdpa", "eager")
         if self.rows_per_sequence:
             warn_once(
                 "packing",
                 f"data.packing=true with attention {self.attention} on CUDA: packed rows would need a "
                 "block mask, which sends sdpa to a slow masked kernel; using one sequence a row, "
-                "grouped by length, without a mask instead (install flash-attn for true packing)",
+                "grouped by length, without a mask instead (model.attention auto or flex_attention packs)",
             )
+        if (self.attention == "sdpa" and not packing) or self.rows_per_sequence:
+            avoid_cudnn_sdpa(ctx.device)  # row shapes change every micro-batch
         self.batcher = AdaptiveBatcher(config.batching, packed=packing and not self.rows_per_sequence, min_budget=1)
         vocab = lm.get_input_embeddings().weight.shape[0]
         if vocab < self.tokenizer.vocab_size:
@@ -140,8 +143,10 @@ class DPOTrainer(Trainer):
         # the explicit block mask is for sdpa; eager/flex/flash read packed position ids
         self.explicit_mask = self.attention == "sdpa"
         # sdpa's masked kernel computes whole rows: keep packed rows at maxSeqLen. flash-attn's
-        # varlen path wants one row (it reads sequence boundaries from the position ids).
+        # varlen path and flex want one row (flex skips the blocks between sequences); flex's row
+        # is padded to a multiple of its 128-token block, so a compiled kernel sees few shapes.
         self.row_tokens = config.data.max_seq_len if self.attention in ("sdpa", "eager") else None
+        self.row_multiple = 128 if self.attention == "flex_attention" else 1
 
     def export_source(self) -> tuple[torch.nn.Module, str]:
         return self.policy, ""
@@ -158,7 +163,7 @@ class DPOTrainer(Trainer):
         tok, data = self.tokenizer, data if data is not None else self.data
         if self.config.data.packing and not self.rows_per_sequence:
             return pack_pairs(data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
-                              row_tokens=self.row_tokens, pad=tok.pad_id)
+                              row_tokens=self.row_tokens, pad=tok.pad_id, multiple_of=self.row_multiple)
         return pad_pairs(data, ids, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
 
     def score_batch(self, batch: TokenBatch, counted: bool) -> tuple[torch.Tensor, dict]:

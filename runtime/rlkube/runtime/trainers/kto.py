@@ -106,7 +106,8 @@ class KTOTrainer(DPOTrainer):
         local = list(range(len(ids)))
         if self.config.data.packing and not self.rows_per_sequence:
             batch = pack_pairs(view, local, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
-                               row_tokens=self.row_tokens, pad=tok.pad_id)
+                               row_tokens=self.row_tokens, pad=tok.pad_id,
+                               multiple_of=self.row_multiple)
         else:
             batch = pad_pairs(view, local, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
         labels = torch.tensor([data.labels[i] for i in ids], dtype=torch.bool)

@@ -4,8 +4,13 @@ with equals the one a separate frozen copy of the base gives. Tiny qwen2 on CPU,
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
+
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.lora import ReferenceView
@@ -37,7 +42,7 @@ def unique_bytes(*modules: torch.nn.Module) -> int:
     return total
 
 
-def config(tmp_path, algorithm: str, separate_copy: bool) -> RuntimeConfig:
+def config(tmp_path, algorithm: str, separate_copy: bool, actor_gpus: int = 1) -> RuntimeConfig:
     """A LoRA run with kl > 0 and the reference on the actor's ranks. `separate_copy`: the reference
     names its own model, the same spec and seed as the actor's base, so it is built as a second copy
     with equal weights (the path every run without LoRA takes)."""
@@ -47,6 +52,7 @@ def config(tmp_path, algorithm: str, separate_copy: bool) -> RuntimeConfig:
                     model={**BASE, "lora": LORA},
                     training={"steps": STEPS, "lr": 3e-2, **kl})
     cfg["roles"]["reference"] = reference
+    cfg["roles"]["actor"]["gpus"] = actor_gpus
     return RuntimeConfig.model_validate(cfg)
 
 
@@ -100,3 +106,33 @@ def test_lora_reference_is_the_actor_with_adapters_off(tmp_path, algorithm):
     torch.testing.assert_close(view, logps(fresh), rtol=1e-5, atol=1e-5)
     assert (view - logps(actor)).abs().max() > 1e-3
     assert all(p.requires_grad == ("lora_" in n) for n, p in actor.named_parameters())  # adapters back on
+
+
+def worker(rank: int, port: int, tmp: str, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    out = {}
+    for separate_copy in (False, True):
+        trainer, recs = run(config(Path(tmp), "grpo", separate_copy, actor_gpus=2))
+        out[separate_copy] = (type(trainer.scorer.reference).__name__, [(r["kl"], r["loss"]) for r in recs])
+    results[rank] = out
+
+
+def test_sharded_lora_actor_serves_as_its_reference_on_two_ranks(tmp_path, monkeypatch):
+    """The actor FSDP-sharded over 2 ranks (gloo): switching the adapters off inside the sharded
+    module gives the KL a separate sharded copy of the base gives."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    # fork: the workers reuse this process's imports instead of paying them again
+    mp.start_processes(worker, args=(port, str(tmp_path), results), nprocs=2, join=True, start_method="fork")
+    for rank in (0, 1):
+        (shared_kind, shared), (copy_kind, copied) = results[rank][False], results[rank][True]
+        assert shared_kind == "ReferenceView" and copy_kind != "ReferenceView"
+        assert shared[-1][0] > 1e-4, shared
+        for (kl_a, loss_a), (kl_b, loss_b) in zip(shared, copied, strict=True):
+            assert kl_a == pytest.approx(kl_b, rel=1e-5, abs=1e-7) and loss_a == pytest.approx(loss_b, rel=1e-5, abs=1e-7)

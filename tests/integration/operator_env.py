@@ -342,7 +342,10 @@ class Operator:
             "--identity", self.identity, "--lease-namespace", self.env.namespace,
             "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1",
             *(["--resync-seconds", "2", "--backoff-base-seconds", "1", "--backoff-max-seconds", "4",
-               "--unschedulable-retry-seconds", "2", "--log-level", "DEBUG"] if self.fast else []),
+               "--unschedulable-retry-seconds", "2", "--log-level", "DEBUG",
+               # kwok nodes write no checkpoints: gangs may span nodes without a volumeClaim here
+               # (the one-node rule is tests/unit/operator/test_checkpoint_store.py's).
+               "--host-path-shared"] if self.fast else []),
             *self.extra,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **self.environ}

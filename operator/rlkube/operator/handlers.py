@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 import kopf
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION
+from rlkube.operator.cleanup import LABEL_CLEANUP
 from rlkube.operator.kubeapi import ApiError, Conflict
 from rlkube.operator.metrics import Metrics
 from rlkube.operator.observed import LABEL_JOB
@@ -116,6 +117,14 @@ class WorkQueue:
             if key in self._pending:  # a request raced the exit of the loop above
                 self.request(key, self._pending.pop(key))
 
+    async def off_loop(self, call: Callable[..., object], *args: object) -> None:
+        """Run a blocking API call on the worker threads; an error is logged, never raised into kopf."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, call, *args)
+        except Exception as exc:
+            self.metrics.observe_error(type(exc).__name__)
+            logger.warning("%s failed: %s", getattr(call, "__name__", call), exc)
+
     async def drain(self) -> None:
         """Wait for the running reconciles (used at shutdown and by tests)."""
         while self._tasks:
@@ -152,11 +161,18 @@ def build_registry(queue: WorkQueue) -> kopf.OperatorRegistry:
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def job_event(event, name, namespace, **_):
+    async def job_event(event, name, namespace, body, **_):
         if event.get("type") == "DELETED":
             queue.forget((namespace, name))
+            # Its hostPath checkpoint folders go with it (cleanup.py); the job's last state says where.
+            await queue.off_loop(queue.reconciler.clean_checkpoints, dict(body))
             return
         queue.request((namespace, name))
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_CLEANUP: kopf.PRESENT}, registry=registry)
+    async def cleanup_pod_event(event, body, **_):
+        if event.get("type") != "DELETED":
+            await queue.off_loop(queue.reconciler.remove_cleanup_pod, dict(body))
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
     async def pod_event(namespace, labels, **_):

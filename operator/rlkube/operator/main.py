@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a node not Ready this long is lost: its pods are force-deleted, the gang re-planned")
     p.add_argument("--node-lost-counts", action="store_true",
                    help="a gang restart after a node loss counts against the job's backoffLimit")
+    p.add_argument("--host-path-shared", action="store_true",
+                   help="the hostPath checkpoint root (/var/lib/rlkube) is one shared filesystem on every node; "
+                        "without it a job with no checkpoint.volumeClaim is placed on one node only")
     p.add_argument("--watch-server-timeout", type=int, default=300,
                    help="seconds after which the API server ends each watch (kopf reconnects)")
     p.add_argument("--watch-client-timeout", type=int, default=330,
@@ -115,6 +118,7 @@ def run(argv: list[str] | None = None) -> int:
         unschedulable_retry_seconds=args.unschedulable_retry_seconds,
         node_lost_grace_seconds=args.node_lost_grace_seconds,
         node_lost_counts=args.node_lost_counts,
+        host_path_shared=args.host_path_shared,
     )
     reconciler = Reconciler(api, settings, metrics)
     try:

@@ -53,8 +53,10 @@ RULES: tuple[Rule, ...] = (
     Rule("", "pods", "watched", {
         "list": "the pods of a job (label rlkube.io/job) are listed on every reconcile",
         "watch": "kopf's pod event handler: a pod change triggers its job's reconcile",
-        "create": "one pod per planned slot, with deterministic names",
-        "delete": "gang restart, re-plan, suspend, deadline and failure tear the attempt down",
+        "create": "one pod per planned slot, with deterministic names; and, when a job is deleted, one "
+        "pod per node of its hostPath checkpoints that removes that folder (cleanup.py)",
+        "delete": "gang restart, re-plan, suspend, deadline and failure tear the attempt down; finished "
+        "checkpoint cleanup pods are removed",
         "patch": "removing the rlkube.io/gang scheduling gate once the whole gang fits (JSON patch "
         "with test ops: only that attempt's pod, only that gate)",
     }),

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlkube.operator import kueue_workload, render
+from rlkube.operator import cleanup, kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
 from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle import Decision, Settings, cluster_view, decide
@@ -302,6 +302,34 @@ class Reconciler:
         if decision.action not in ("wait", "observe"):
             logger.info("%s/%s: %s -> %s (%s)", ns, name, decision.action,
                         decision.status.get("phase"), ", ".join(f"{e.reason}" for e in decision.events) or "-")
+
+    def clean_checkpoints(self, job: Mapping[str, Any]) -> list[str]:
+        """`job` (its last state) was deleted: create the pods that remove its hostPath checkpoint
+        folders on its nodes (cleanup.py); returns their names. Errors are logged, not raised:
+        nothing retries a DELETED event."""
+        meta, made = job["metadata"], []
+        for pod in cleanup.cleanup_pods(job, self.settings.host_path_shared):
+            try:
+                if self.api.create(pod):
+                    made.append(pod["metadata"]["name"])
+            except ApiError as exc:
+                logger.warning("%s/%s: could not create checkpoint cleanup pod for node %s: %s",
+                               meta["namespace"], meta["name"], pod["spec"]["nodeName"], exc)
+        if made:
+            logger.info("%s/%s deleted: removing its hostPath checkpoints (%s)", meta["namespace"], meta["name"],
+                        ", ".join(made))
+        return made
+
+    def remove_cleanup_pod(self, pod: Mapping[str, Any]) -> bool:
+        """A checkpoint cleanup pod that ended is deleted (a failed one with a warning)."""
+        phase, meta = cleanup.finished(pod), pod["metadata"]
+        if phase is None or meta.get("deletionTimestamp"):
+            return False
+        if phase == "Failed":
+            logger.warning("checkpoint cleanup pod %s/%s on node %s failed: %s", meta["namespace"], meta["name"],
+                           pod["spec"].get("nodeName"), (pod.get("status") or {}).get("reason") or "see its log")
+        self.api.delete_pod(meta["namespace"], meta["name"], meta.get("uid"))
+        return True
 
     def _create(self, obj: dict[str, Any]) -> bool:
         try:

@@ -36,6 +36,11 @@ from rlkube.runtime.contract.progress import (
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
+# Nodes whose hostPath holds a job's checkpoints: every node a plan of it used, kept across
+# attempts, so deleting the job cleans each of them (operator/rlkube/operator/cleanup.py).
+STATUS_CHECKPOINT_NODES = "checkpointNodes"
+
+
 @dataclass(frozen=True)
 class Lifecycle:
     """The lifecycle facts `lifecycle.decide` settles, from which the rest of the status follows."""
@@ -50,6 +55,7 @@ class Lifecycle:
     completion_time: str | None = None
     next_attempt_time: str | None = None
     admission_time: str | None = None
+    checkpoint_nodes: tuple[str, ...] = ()  # nodes whose hostPath holds the job's checkpoints
 
 
 # -- conditions -------------------------------------------------------------------------------
@@ -327,6 +333,7 @@ def summarize(
         ("completionTime", lifecycle.completion_time),
         ("nextAttemptTime", lifecycle.next_attempt_time),
         ("admissionTime", lifecycle.admission_time),
+        (STATUS_CHECKPOINT_NODES, list(lifecycle.checkpoint_nodes) or None),
     ):
         if value is not None:
             status[key] = value
@@ -344,6 +351,7 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict | None:
     owned = {
         "phase", "conditions", "observedGeneration", "restarts", "attempt", "gpus", "roles",
         "placement", "progress", "outputs", "startTime", "completionTime", "nextAttemptTime", "admissionTime",
+        STATUS_CHECKPOINT_NODES,
     }
     patch: dict[str, Any] = {}
     for key in owned | set(new):

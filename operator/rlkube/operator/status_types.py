@@ -209,5 +209,10 @@ class RLTrainingJobStatus(Status):
         default=None, description="When the current gang was admitted (scheduling gates removed, or handed "
         "to Volcano or Kueue); gangTimeoutSeconds counts from it."
     )
+    checkpoint_nodes: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=MAX_PODS, description="Nodes whose hostPath "
+        "(/var/lib/rlkube/<namespace>/<job>-<uid>) holds the job's checkpoints: every node a plan of it used "
+        "(none with checkpoint.volumeClaim). The operator removes those folders when the job is deleted.",
+    )
     start_time: datetime | None = Field(default=None, description="When the gang's pods were first created.")
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")

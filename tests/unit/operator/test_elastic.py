@@ -12,7 +12,10 @@ from operator_builders import World, at, job, node
 from rlkube.operator import lifecycle, render
 from rlkube.operator.reconcile import Reconciler
 
-FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
+# These gangs span the two nodes: their hostPath checkpoints are declared shared (the one-node
+# rule without a shared store is tested in test_checkpoint_store.py).
+FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15,
+                          host_path_shared=True)
 
 
 def blocker(node_name: str, gpus: int) -> dict:

@@ -11,7 +11,7 @@ from rlkube.operator import lifecycle
 from rlkube.operator.observed import format_time, pod_views
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15,
-                          node_lost_grace_seconds=60)
+                          node_lost_grace_seconds=60, host_path_shared=True)  # gangs span nodes
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 
 
@@ -86,7 +86,7 @@ def test_a_healthy_running_gang_does_not_list_nodes():
 
 
 def test_a_node_loss_counts_against_backoff_limit_only_when_configured():
-    settings = lifecycle.Settings(node_lost_grace_seconds=60, node_lost_counts=True)
+    settings = lifecycle.Settings(node_lost_grace_seconds=60, node_lost_counts=True, host_path_shared=True)
     w = ppo_world(settings)
     stop_reporting(w, "a", since=0, status="False")
     w.step(at(61))

@@ -21,7 +21,9 @@ The rules, in the order they are checked:
    force-deleted). Then the restart backoff is waited out.
 6. No plan for this attempt: plan (`placement.plan_placement`; an elastic job at the largest
    pod count in [minWorkers, maxWorkers] that fits), after older waiting jobs of its priority
-   class (first come, first served). Unplaceable: Pending (Unschedulable, naming what the nodes
+   class (first come, first served). A job without checkpoint.volumeClaim gets only plans on
+   one node, unless the hostPath root is shared (Settings.host_path_shared): checkpoints in one
+   node's hostPath are not seen from another. Unplaceable: Pending (Unschedulable, naming what the nodes
    lack: selector, taint, readiness, capacity), retried later. Placed: Service, ConfigMap and
    pods are created, gated.
 7. Before admission: missing pods are created; once all exist, and the plan still fits the free

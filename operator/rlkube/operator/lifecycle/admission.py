@@ -26,7 +26,7 @@ def plan_and_admit(d: Decider) -> Decision:
         return NEED_CLUSTER
     # Older waiting jobs of the same priority class are served first (lifecycle/fifo.py).
     free, holders = fifo.held_back(d.cluster.inventory, fifo.ahead_of(job, d.cluster.waiting), largest_plan)
-    placement = largest_plan(spec, free)
+    placement = largest_plan(spec, free, d.settings.host_path_shared)
     if isinstance(placement, Unplaceable):
         reason = nodes.why_unplaceable(placement.reason, d.cluster, holders)
         old = condition(job.status, "Placed") or {}
@@ -36,6 +36,8 @@ def plan_and_admit(d: Decider) -> Decision:
                         requeue_after=d.settings.unschedulable_retry_seconds)
     s.placement = placement
     s.next_attempt_time = None
+    if not spec.checkpoint.volume_claim:  # a hostPath on each: cleaned on these when the job goes
+        s.checkpoint_nodes = tuple(sorted({*s.checkpoint_nodes, *(p.node for p in placement.pods)}))
     if s.start_time is None:
         s.start_time = format_time(d.now)
     messages = list(placement.messages)

@@ -123,15 +123,32 @@ def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str 
     return None
 
 
-def largest_plan(spec: Any, inventory: list[NodeInventory]) -> Placement | Unplaceable:
+def largest_plan(spec: Any, inventory: list[NodeInventory], shared_host_path: bool = True) -> Placement | Unplaceable:
     """The plan at the largest gang size the spec allows (`worker_counts`) that fits `inventory`;
-    when none fits, the Unplaceable of the smallest size, whose reason is the one to fix."""
-    failed = Unplaceable("no gang size to plan")
+    when none fits, the Unplaceable of the smallest size, whose reason is the one to fix.
+
+    Without `shared_host_path` (the operator's --host-path-shared: the hostPath checkpoint root is
+    one filesystem on every node) a job with no checkpoint.volumeClaim keeps its checkpoints in a
+    hostPath of each node, which the other nodes do not see: a gang restarted across nodes would
+    lose them (or commit only rank 0's shards). Such a job gets only plans on one node."""
+    one_node = not shared_host_path and not spec.checkpoint.volume_claim
+    failed, spanning = Unplaceable("no gang size to plan"), None
     for workers in spec.worker_counts():
         try:
-            return plan_placement(request_from_spec(spec.with_workers(workers)), inventory)
+            plan = plan_placement(request_from_spec(spec.with_workers(workers)), inventory)
         except Unplaceable as exc:
             failed = exc
+            continue
+        if not one_node or len({p.node for p in plan.pods}) <= 1:
+            return plan
+        spanning = spanning or plan
+    if spanning is not None:
+        nodes = sorted({p.node for p in spanning.pods})
+        return Unplaceable(
+            f"the gang fits only across {len(nodes)} nodes ({', '.join(nodes)}), and spec.checkpoint.volumeClaim "
+            "is not set: its checkpoints would be a hostPath on each node, which the other nodes do not see; "
+            "set checkpoint.volumeClaim to a ReadWriteMany claim (or install the operator with "
+            "checkpoints.hostPathShared=true when that hostPath root is one shared filesystem on every node)")
     if spec.elastic is not None:
         return Unplaceable(f"elastic: not even minWorkers {spec.elastic.min_workers} pods fit: {failed.reason}")
     return failed

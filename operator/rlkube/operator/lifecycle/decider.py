@@ -19,7 +19,14 @@ from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
 from rlkube.operator.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
-from rlkube.operator.status import Lifecycle, condition, exported_message, placement_from_status, summarize
+from rlkube.operator.status import (
+    STATUS_CHECKPOINT_NODES,
+    Lifecycle,
+    condition,
+    exported_message,
+    placement_from_status,
+    summarize,
+)
 
 
 @dataclass
@@ -34,6 +41,7 @@ class AttemptState:
     completion_time: str | None
     next_attempt_time: str | None
     admission_time: str | None
+    checkpoint_nodes: tuple[str, ...] = ()
     events: list[Event] = field(default_factory=list)
 
     @classmethod
@@ -47,6 +55,7 @@ class AttemptState:
             completion_time=status.get("completionTime"),
             next_attempt_time=status.get("nextAttemptTime"),
             admission_time=status.get("admissionTime"),
+            checkpoint_nodes=tuple(status.get(STATUS_CHECKPOINT_NODES) or ()),
         )
 
 
@@ -155,6 +164,7 @@ class Decider:
             completion_time=s.completion_time,
             next_attempt_time=s.next_attempt_time,
             admission_time=s.admission_time,
+            checkpoint_nodes=s.checkpoint_nodes,
         )
         # A report counts while training runs and on the way to the end (the final report of
         # the termination message); a restarting or suspended gang keeps its last one.

@@ -22,6 +22,10 @@ class Settings:
     # the pods of an unreachable node to go.
     node_lost_grace_seconds: float = 60.0
     node_lost_counts: bool = False         # whether a node loss counts against backoffLimit
+    # The hostPath checkpoint root is one shared filesystem on every node (NFS mounted there, or
+    # the local harness, whose nodes share one disk). Without it a job with no checkpoint.volumeClaim
+    # is planned on one node only (cluster.largest_plan says why when it cannot be).
+    host_path_shared: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 On a machine with a CUDA GPU, from the repository root:
     pip install -e '.[runtime]'
     PYTHONPATH=runtime python3 tests/gpu/bench_rollout.py
-    PYTHONPATH=runtime python3 tests/gpu/bench_rollout.py --shape tiny --batches 4 --new-tokens 16  # CPU smoke
+    PYTHONPATH=runtime python3 tests/gpu/bench_rollout.py --cpu --tiny  # dry run of every case on CPU
 
 Same for both: a Qwen2.5-1.5B-shaped model from its config (random init; speed does not
 depend on weight values), bf16, sdpa attention, the same random 128-token prompts, 256 new
@@ -20,6 +20,18 @@ row (mean context = prompt + half the new tokens); floor seconds = those bytes /
 device-to-device copy bandwidth measured on an H200, docs/benchmarks.md; on another card, set
 COPY_BANDWIDTH to its own). "floor fraction" = floor time / measured time per step. Decode
 tokens/s counts generated tokens only, over the whole call (prefill included, for both).
+The peer BENCHMARKS.md names is HF `generate` with `cache_implementation="static"` and its
+automatic `torch.compile` of the decode step (first call, compilation included, is a warm-up
+and not timed); the dynamic-cache default is printed next to it.
+
+EOS-on case (`--eos-prompts`, default 1024 prompts on `--eos-rows` 256 decode rows, up to
+`--eos-new-tokens` 1024): a forward hook on the LM head adds a fixed bias to the EOS logit, the
+same for every side, so each step ends a completion with a constant probability (a random-init
+model never says EOS by itself). Lengths are then geometric (median `--eos-median`, long
+tail, ~3% reach the limit): within a wave of 256 rows the longest row holds the batch. Rows:
+rlkube with refill (a finished row takes the next waiting prompt), rlkube in waves (refill
+off), HF static-cache compiled in waves of the same rows. tokens/s counts each side's own
+generated tokens (its samples differ, so the realized lengths are printed per side).
 """
 
 from __future__ import annotations
@@ -63,9 +75,12 @@ def floor_seconds_per_step(model, batch: int, prompt: int, new: int, dtype_bytes
     return (weights + batch * mean_context * kv_per_token) / COPY_BANDWIDTH
 
 
-def run_hf(model, ids, mask, new: int, device, trl_style: bool = False) -> float:
-    """HF generate, default cache. trl_style: called the way TRL's GRPOTrainer calls it (a
-    GenerationConfig with an EOS id and disable_compile, no min_new_tokens) - a cross-check."""
+def run_hf(model, ids, mask, new: int, device, trl_style: bool = False, static: bool = False,
+           eos: int | None = None) -> tuple[float, int]:
+    """HF generate; returns (seconds, generated tokens). Default cache unless `static` (static
+    cache with HF's automatic compile of the decode step on CUDA). With `eos` rows stop at it;
+    without, every row decodes `new` tokens. trl_style: called the way TRL's GRPOTrainer calls it
+    (a GenerationConfig with an EOS id and disable_compile, no min_new_tokens) - a cross-check."""
     from transformers import GenerationConfig
 
     model.generation_config.eos_token_id = None
@@ -77,40 +92,184 @@ def run_hf(model, ids, mask, new: int, device, trl_style: bool = False) -> float
                                   temperature=1.0, top_p=1.0, top_k=0, disable_compile=True)
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     else:
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None,
-                             pad_token_id=0)
+        extra = {"cache_implementation": "static", "disable_compile": device.type != "cuda"} if static else {}
+        fixed = {"min_new_tokens": new} if eos is None else {}
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=True,
+                             temperature=1.0, top_p=1.0, top_k=0, eos_token_id=eos, pad_token_id=0,
+                             **fixed, **extra)
     sync(device)
-    if not trl_style:
-        assert out.shape[1] == ids.shape[1] + new, out.shape
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    response = out[:, ids.shape[1]:]
+    if eos is None:
+        if not trl_style:
+            assert response.shape[1] == new, out.shape
+        return seconds, response.numel()
+    # tokens up to and including each row's first EOS
+    hit = response == eos
+    first = torch.where(hit.any(1), hit.int().argmax(1) + 1, response.shape[1])
+    return seconds, int(first.sum())
 
 
-def run_ours(decoder, ids, mask, new: int, device, seed: int) -> float:
+def run_ours(decoder, ids, mask, new: int, device, seed: int, eos: int | None = None) -> tuple[float, object]:
     from rlkube.runtime.engine.generation import SamplingParams
 
-    params = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=None)
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, top_k=0, eos_token_id=eos)
     gen = torch.Generator(device=device).manual_seed(seed)
     sync(device)
     t0 = time.perf_counter()
     out = decoder.generate(ids, mask, params, gen)
     sync(device)
-    assert out.response_ids.shape[1] == new and out.generated_tokens == ids.shape[0] * new
-    return time.perf_counter() - t0
+    if eos is None:
+        assert out.response_ids.shape[1] == new and out.generated_tokens == ids.shape[0] * new
+    return time.perf_counter() - t0, out
+
+
+def eos_hazard(model, eos: int, median: float):
+    """Bias the EOS logit so that, with near-flat random-init logits, a completion ends at each
+    step with probability h (median length `median`). Returns the hook handle."""
+    import math
+
+    vocab = model.config.vocab_size
+    hazard = 1.0 - 0.5 ** (1.0 / median)
+    head = model.get_output_embeddings()
+    bias = torch.zeros(vocab, dtype=head.weight.dtype, device=head.weight.device)
+    bias[eos] = math.log(hazard * (vocab - 1) / (1.0 - hazard))
+    return head.register_forward_hook(lambda module, inputs, output: output + bias)
+
+
+def lengths_summary(lengths: torch.Tensor) -> dict:
+    q = torch.quantile(lengths.float(), torch.tensor([0.5, 0.9, 0.99]))
+    return {"mean": float(lengths.float().mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
+            "max": int(lengths.max())}
+
+
+def eos_case(model, args, device, setup) -> dict:
+    """EOS on, long-tailed lengths: rlkube refill on / off and HF static compiled, same rows."""
+    from rlkube.runtime.engine.generation import Decoder
+
+    eos, rows, new = model.config.vocab_size - 1, args.eos_rows, args.eos_new_tokens
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, model.config.vocab_size - 1, (args.eos_prompts, args.prompt_tokens), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    handle = eos_hazard(model, eos, args.eos_median)
+    rec = {"case": f"rollout EOS on, {args.eos_prompts} prompts on {rows} rows", "rows": rows,
+           "prompts": args.eos_prompts, "new_tokens_max": new, "eos_median_target": args.eos_median}
+    try:
+        for name, refill in (("refill", True), ("waves", False)):
+            decoder = Decoder(model, batch_rows=rows, refill=refill)
+            run_ours(decoder, ids, mask, new, device, 11, eos)  # capture + warm-up
+            seconds, out = run_ours(decoder, ids, mask, new, device, 12, eos)
+            rec[f"ours_{name}_tokens_per_s"] = out.generated_tokens / seconds
+            rec[f"ours_{name}_s"] = seconds
+            rec[f"ours_{name}_steps"] = decoder.last_stats["steps"]
+            rec[f"ours_{name}_lengths"] = lengths_summary(out.response_lengths.cpu())
+            decoder.release()
+        hf_s, hf_tokens = 0.0, 0
+        waves = [slice(i, i + rows) for i in range(0, args.eos_prompts, rows)]
+        run_hf(model, ids[waves[0]], mask[waves[0]], new, device, static=True, eos=eos)  # compile + warm-up
+        for wave in waves:
+            seconds, tokens = run_hf(model, ids[wave], mask[wave], new, device, static=True, eos=eos)
+            hf_s, hf_tokens = hf_s + seconds, hf_tokens + tokens
+        rec["hf_static_tokens_per_s"] = hf_tokens / hf_s
+        rec["hf_static_mean_length"] = hf_tokens / args.eos_prompts
+    finally:
+        handle.remove()
+    rec["ratio_refill_vs_hf_static"] = rec["ours_refill_tokens_per_s"] / rec["hf_static_tokens_per_s"]
+    rec["ratio_refill_vs_waves"] = rec["ours_refill_tokens_per_s"] / rec["ours_waves_tokens_per_s"]
+    rec["setup"] = setup
+    return rec
+
+
+def fixed_case(model, graphs, repeat_kv, batch: int, args, device, dtype, setup) -> dict:
+    """EOS ignored, every row decodes `--new-tokens` tokens (like for like)."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    new = args.new_tokens
+    # HF first, on a GPU our decoder has not touched yet; warm-up of both (kernels, allocator)
+    run_hf(model, ids, mask, 4, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    hf, _ = run_hf(model, ids, mask, new, device)
+    hf_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    hf_trl, _ = run_hf(model, ids, mask, new, device, trl_style=True)
+    run_hf(model, ids, mask, new, device, static=True)  # compilation + warm-up at this shape
+    hf_static, _ = run_hf(model, ids, mask, new, device, static=True)
+    first, _ = run_ours(graphs, ids, mask, new, device, 1)
+    capture = graphs.last_capture_seconds
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    ours, _ = run_ours(graphs, ids, mask, new, device, 2)
+    ours_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    graphs.release()
+    no_gqa, _ = run_ours(repeat_kv, ids, mask, new, device, 3)
+    repeat_kv.release()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    tokens = batch * new
+    floor = floor_seconds_per_step(model, batch, args.prompt_tokens, new, torch.finfo(dtype).bits // 8)
+    return {
+        "case": f"rollout batch {batch}", "batch": batch,
+        "ours_tokens_per_s": tokens / ours, "hf_static_tokens_per_s": tokens / hf_static,
+        "ratio": hf_static / ours, "hf_tokens_per_s": tokens / hf, "ratio_vs_hf_dynamic": hf / ours,
+        "ours_hf_sdpa_decode_tokens_per_s": tokens / no_gqa, "hf_trl_style_tokens_per_s": tokens / hf_trl,
+        "ours_first_call_s": first, "graph_capture_s": capture, "cuda_graphs_used": graphs.cuda_graphs,
+        "ours_ms_per_step": 1e3 * ours / new, "hf_static_ms_per_step": 1e3 * hf_static / new,
+        "floor_ms_per_step": 1e3 * floor, "ours_floor_fraction": floor / (ours / new),
+        "hf_static_floor_fraction": floor / (hf_static / new),
+        "ours_peak_gib": ours_peak / 2**30 if ours_peak else None,
+        "hf_peak_gib": hf_peak / 2**30 if hf_peak else None,
+        "setup": setup,
+    }
+
+
+def print_tables(results: list[dict]) -> None:
+    fixed = [r for r in results if "batch" in r]
+    if fixed:
+        print("\n| case | ours tok/s | HF static compiled tok/s | ratio | HF dynamic tok/s | HF TRL-style tok/s | "
+              "ours w/ HF sdpa decode tok/s | ours ms/step | floor ms/step | floor fraction | peak GiB ours/HF |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in fixed:
+        peaks = f"{r['ours_peak_gib']:.1f}/{r['hf_peak_gib']:.1f}" if r["ours_peak_gib"] else "-"
+        print(f"| {r['case']} | {r['ours_tokens_per_s']:,.0f} | {r['hf_static_tokens_per_s']:,.0f} | "
+              f"{r['ratio']:.2f}x | {r['hf_tokens_per_s']:,.0f} | {r['hf_trl_style_tokens_per_s']:,.0f} | "
+              f"{r['ours_hf_sdpa_decode_tokens_per_s']:,.0f} | {r['ours_ms_per_step']:.2f} | "
+              f"{r['floor_ms_per_step']:.2f} | {r['ours_floor_fraction']:.2f} | {peaks} |")
+    for r in results:
+        if "rows" not in r:
+            continue
+        print("\n| case | ours refill tok/s | ours waves tok/s | HF static compiled (waves) tok/s | "
+              "refill / HF static | refill / waves | steps refill/waves | lengths p50/p90/max (refill) |")
+        print("|---|---|---|---|---|---|---|---|")
+        lengths = r["ours_refill_lengths"]
+        print(f"| {r['case']} | {r['ours_refill_tokens_per_s']:,.0f} | {r['ours_waves_tokens_per_s']:,.0f} | "
+              f"{r['hf_static_tokens_per_s']:,.0f} | {r['ratio_refill_vs_hf_static']:.2f}x | "
+              f"{r['ratio_refill_vs_waves']:.2f}x | {r['ours_refill_steps']}/{r['ours_waves_steps']} | "
+              f"{lengths['p50']:.0f}/{lengths['p90']:.0f}/{lengths['max']} |")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen1.5b", choices=sorted(SHAPES))
-    ap.add_argument("--batches", default="64,256")
+    ap.add_argument("--batches", default="64,256", help="fixed-length cases ('' to skip)")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--eos-prompts", type=int, default=1024, help="EOS-on case prompts (0 to skip)")
+    ap.add_argument("--eos-rows", type=int, default=256)
+    ap.add_argument("--eos-new-tokens", type=int, default=1024)
+    ap.add_argument("--eos-median", type=float, default=200.0)
+    ap.add_argument("--cpu", action="store_true", help="run on CPU even where a GPU is present")
+    ap.add_argument("--tiny", action="store_true", help="tiny shape and small cases: a dry run of every path")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.tiny:
+        args.shape, args.batches, args.prompt_tokens, args.new_tokens = "tiny", "4", 16, 16
+        args.eos_prompts, args.eos_rows, args.eos_new_tokens, args.eos_median = 24, 4, 48, 8.0
 
     from rlkube.runtime.engine.generation import Decoder
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build(args.shape, device, dtype)
     import transformers
@@ -119,60 +278,22 @@ def main(argv=None) -> int:
         "model": args.shape, "params": sum(p.numel() for p in model.parameters()), "dtype": str(dtype),
         "attention": "sdpa", "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "temperature": 1.0, "torch": torch.__version__, "transformers": transformers.__version__,
+        "hf_static_compiled": device.type == "cuda",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
-    vocab = model.config.vocab_size
     results = []
     graphs = Decoder(model)  # static cache + CUDA graphs on GPU
     repeat_kv = Decoder(model)  # ablation: HF's masked sdpa decode (repeats KV heads)
     repeat_kv.gqa_decode = False
-    for batch in [int(b) for b in args.batches.split(",")]:
-        g = torch.Generator().manual_seed(batch)
-        ids = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=g).to(device)
-        mask = torch.ones_like(ids)
-        new = args.new_tokens
-        # HF first, on a GPU our decoder has not touched yet; warm-up of both (kernels, allocator)
-        run_hf(model, ids, mask, 4, device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        hf = run_hf(model, ids, mask, new, device)
-        hf_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        hf_trl = run_hf(model, ids, mask, new, device, trl_style=True)
-        first = run_ours(graphs, ids, mask, new, device, 1)
-        capture = graphs.last_capture_seconds
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        ours = run_ours(graphs, ids, mask, new, device, 2)
-        ours_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        graphs.release()
-        no_gqa = run_ours(repeat_kv, ids, mask, new, device, 3)
-        repeat_kv.release()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        tokens = batch * new
-        floor = floor_seconds_per_step(model, batch, args.prompt_tokens, new, torch.finfo(dtype).bits // 8)
-        rec = {
-            "case": f"rollout batch {batch}", "batch": batch,
-            "ours_tokens_per_s": tokens / ours, "hf_tokens_per_s": tokens / hf, "ratio": hf / ours,
-            "ours_hf_sdpa_decode_tokens_per_s": tokens / no_gqa, "hf_trl_style_tokens_per_s": tokens / hf_trl,
-            "ours_first_call_s": first, "graph_capture_s": capture, "cuda_graphs_used": graphs.cuda_graphs,
-            "ours_ms_per_step": 1e3 * ours / new, "hf_ms_per_step": 1e3 * hf / new,
-            "floor_ms_per_step": 1e3 * floor, "ours_floor_fraction": floor / (ours / new),
-            "hf_floor_fraction": floor / (hf / new),
-            "ours_peak_gib": ours_peak / 2**30 if ours_peak else None,
-            "hf_peak_gib": hf_peak / 2**30 if hf_peak else None,
-            "setup": setup,
-        }
+    for batch in [int(b) for b in args.batches.split(",") if b]:
+        rec = fixed_case(model, graphs, repeat_kv, batch, args, device, dtype, setup)
         print(json.dumps(rec), flush=True)
         results.append(rec)
-    print("\n| case | ours tok/s | HF generate tok/s | ratio | HF TRL-style tok/s | ours w/ HF sdpa decode tok/s | ours ms/step | floor ms/step | floor fraction | peak GiB ours/HF |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        peaks = f"{r['ours_peak_gib']:.1f}/{r['hf_peak_gib']:.1f}" if r["ours_peak_gib"] else "-"
-        print(f"| {r['case']} | {r['ours_tokens_per_s']:,.0f} | {r['hf_tokens_per_s']:,.0f} | {r['ratio']:.2f}x | "
-              f"{r['hf_trl_style_tokens_per_s']:,.0f} | {r['ours_hf_sdpa_decode_tokens_per_s']:,.0f} | "
-              f"{r['ours_ms_per_step']:.2f} | {r['floor_ms_per_step']:.2f} | "
-              f"{r['ours_floor_fraction']:.2f} | {peaks} |")
+    if args.eos_prompts:
+        rec = eos_case(model, args, device, setup)
+        print(json.dumps(rec), flush=True)
+        results.append(rec)
+    print_tables(results)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,20 +1,21 @@
 """Batched rollout generation from a Hugging Face causal LM's own forward, with a KV cache.
 
-What it is: prefill of left-padded prompts of mixed lengths in one forward, then one forward per
-new token over the cache, sampling with temperature / top-k / top-p (greedy at temperature 0)
-and stopping each row at its EOS. What it is not: a serving engine (no paged cache, no
-continuous batching). Rows that finished keep feeding a pad token until every row is done; the
-cost is bounded by the longest completion, as in HF `generate`.
+What it is: prefill of left-padded prompts of mixed lengths, then one forward per new token over
+the cache, sampling with temperature / top-k / top-p (greedy at temperature 0) and stopping each
+row at its EOS. With fewer decode rows than prompts (`batch_rows`), a row that hits EOS is
+refilled with the next waiting prompt (`decode_batch`: continuous batching inside one call, so
+one long completion does not hold a batch of finished rows). What it is not: a serving engine
+(no paged cache, no request queue across calls).
 
 Why not HF `generate`: its per-token Python (logits processors, stopping criteria, mask
 rebuilding) and its default cache (a growing `torch.cat` per layer per token) dominate decode
-time at RL batch sizes. Here the attention mask is built once as a 4-D tensor that the model
-takes as-is and is updated in place; on CUDA the cache is a `StaticCache` (fixed addresses) and
-one decode step is captured in a CUDA graph and replayed, so a step costs one graph launch plus
-the sampling kernels.
+time at RL batch sizes. Here the attention mask is a 4-D tensor that the model takes as-is and
+is updated in place; the cache has fixed addresses; on CUDA one whole decode step (sampling,
+EOS bookkeeping, mask update, forward) is a captured CUDA graph, so a step costs one graph
+launch and the host syncs only every few steps to look for finished rows.
 
-Cache slots: the prompt block occupies slots [0, P) (left padding included, masked out); the
-token generated at step s sits at slot P + s. Position ids count only real tokens, so a row's
+Cache slots: a row's prompt block occupies slots [0, P) (left padding included, masked out);
+its k-th generated token sits at slot P + k. Position ids count only real tokens, so a row's
 first generated token has position = its prompt length, exactly as HF `generate` does.
 """
 
@@ -26,11 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger(__name__)
+from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
+from rlkube.runtime.engine.decode_batch import DecodeBatch, decode
 
-# How often (in tokens) the decode loop asks the device whether every row has hit EOS. Each ask
-# is a host sync; asking every token would stall the GPU's queue behind the CPU.
-_EOS_CHECK_EVERY = 8
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,25 +89,26 @@ def sample_tokens(
     """Next token per row from `[B, V]` logits: argmax at temperature 0, else a sample from the
     temperature-scaled distribution restricted to the top-k and the top-p nucleus.
 
-    Sampling uses the exponential-race form (argmax of p / E with E ~ Exp(1)), which draws from
-    p exactly and costs two elementwise kernels instead of a multinomial's cumulative sums.
+    Sampling is the Gumbel-max form: argmax(logits / T - log E) with E ~ Exp(1), which draws from
+    softmax(logits / T) exactly. Scaled by T it is argmax(logits - T log E): no softmax and no
+    fp32 copy of the logits, so bf16 logits are read once, by the kernel that adds the fp32
+    noise. No host sync anywhere, so it runs inside a captured CUDA graph.
     """
     if params.temperature == 0.0:
         return logits.argmax(dim=-1)
-    scores = logits.float() / params.temperature
+    scores = logits
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_scores, order = torch.sort(scores.float() / params.temperature, dim=-1, descending=True)
         sorted_probs = torch.softmax(sorted_scores, dim=-1)
         # Drop a token when the mass before it already reaches top_p; the first token always stays.
         drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
-        sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
-        scores = torch.empty_like(scores).scatter_(-1, order, sorted_scores)
-    probs = torch.softmax(scores, dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+        keep = torch.empty_like(drop).scatter_(-1, order, ~drop)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    noise = torch.empty(scores.shape, dtype=torch.float32, device=scores.device).exponential_(generator=generator)
+    return torch.add(scores, noise.log_(), alpha=-params.temperature).argmax(dim=-1)
 
 
 def padded_causal_mask(attention_mask: torch.Tensor, mode: str, dtype: torch.dtype) -> torch.Tensor | None:
@@ -205,43 +206,52 @@ def _cache_kwarg(model) -> str:
 
 
 class Decoder:
-    """Generation state for one model: its static KV cache and captured decode graphs, kept
-    between calls so each rollout reuses them (a graph is re-captured only when the batch shape
-    or the parameter storage changes, as after an FSDP unshard into fresh memory).
+    """Generation state for one model, kept between calls so each rollout reuses it.
+
+    The default path (`static_cache`, any attention that takes a 4-D mask) is the continuous-
+    batching decoder of `decode_batch`: a cache of per-row slots, sampling and bookkeeping inside
+    the step, and on CUDA one captured graph per read-length bucket (re-captured only when the
+    batch shape, the sampling setting or the parameter storage changes, as after an FSDP unshard
+    into fresh memory). `static_cache=False` (or flash-attention, which takes 2-D masks only)
+    runs the plain eager loop over a growing `DynamicCache`, in waves of `batch_rows`.
+
+    batch_rows: decode rows (None: one row per prompt). With fewer rows than prompts, `refill`
+    frees a row at its EOS and prefills the next waiting prompt into it; without it prompts go
+    in waves.
     """
 
-    def __init__(self, model, static_cache: bool | None = None, cuda_graphs: bool | None = None):
+    def __init__(self, model, static_cache: bool | None = None, cuda_graphs: bool | None = None,
+                 batch_rows: int | None = None, refill: bool = True):
         self.model = model
         on_cuda = next(model.parameters()).device.type == "cuda"
-        self.static_cache = on_cuda if static_cache is None else static_cache
+        self.mode = _attention_mode(model)
+        self.static_cache = (self.mode != "2d") if static_cache is None else static_cache
+        if self.static_cache and self.mode == "2d":
+            log.warning("generation: attention %r takes no 4-D mask; decoding with a dynamic cache, "
+                        "without CUDA graphs", model.config._attn_implementation)
+            self.static_cache = False
         self.cuda_graphs = (on_cuda and self.static_cache) if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and not on_cuda:
             raise ValueError("Decoder: cuda_graphs needs the model on a CUDA device")
-        self.mode = _attention_mode(model)
-        if self.mode == "2d" and self.cuda_graphs:
-            log.warning("generation: attention %r takes no 4-D mask; decoding without CUDA graphs",
-                        model.config._attn_implementation)
-            self.cuda_graphs = False
+        if self.cuda_graphs and not self.static_cache:
+            raise ValueError("Decoder: cuda_graphs needs static_cache")
+        if batch_rows is not None and batch_rows < 1:
+            raise ValueError(f"Decoder: batch_rows must be >= 1, got {batch_rows}")
+        self.batch_rows, self.refill = batch_rows, refill
         self._cache_kwarg = _cache_kwarg(model)
         self.gqa_decode = True  # see _gqa_decode_attention; off only to measure its effect
-        self._state: _GraphState | None = None
+        self._batch = None
         self.last_capture_seconds = 0.0
+        self.last_stats: dict = {}
 
     # -- masks ---------------------------------------------------------------------------------
     def _bias(self, allowed: torch.Tensor) -> torch.Tensor:
-        """A boolean [B, 1, Q, K] 'may attend' mask in the form the attention kernel takes."""
+        """A boolean 'may attend' mask in the form the attention kernel takes."""
         if self.mode == "eager":
             dtype = next(self.model.parameters()).dtype
             zero = torch.zeros((), dtype=dtype, device=allowed.device)
             return torch.where(allowed, zero, torch.finfo(dtype).min)
         return allowed
-
-    def _new_cache(self, batch: int, max_len: int):
-        from transformers import DynamicCache, StaticCache
-
-        if self.static_cache:
-            return StaticCache(config=self.model.config, max_cache_len=max_len)
-        return DynamicCache(config=self.model.config)
 
     def _forward(self, input_ids, position_ids, mask, cache, key_valid_2d=None):
         kwargs = {self._cache_kwarg: cache}
@@ -255,7 +265,7 @@ class Decoder:
         )
         return out.logits[:, -1, :]
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- entry ---------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(
         self,
@@ -264,11 +274,7 @@ class Decoder:
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> GenerationOutput:
-        """Complete every row of a left-padded prompt batch (`input_ids`, `attention_mask`: [B, P])."""
-        with _DecodeAttention(self.model, self.gqa_decode):
-            return self._generate(input_ids, attention_mask, params, generator)
-
-    def _generate(self, input_ids, attention_mask, params: SamplingParams, generator) -> GenerationOutput:
+        """Complete every row of a left-padded prompt batch (`input_ids`, `attention_mask`: [N, P])."""
         if params.max_new_tokens < 1:
             raise ValueError(f"rollout.maxNewTokens: must be >= 1, got {params.max_new_tokens}")
         device = next(self.model.parameters()).device
@@ -276,41 +282,71 @@ class Decoder:
         prompt_mask = attention_mask.to(device=device, dtype=torch.long)
         if bool((prompt_mask[:, -1] == 0).any()):
             raise ValueError("generate: prompts must be left-padded (last column all real tokens)")
+        rows = min(self.batch_rows or input_ids.shape[0], input_ids.shape[0])
+        with _DecodeAttention(self.model, self.gqa_decode):
+            if not self.static_cache:
+                return self._generate_waves(input_ids, prompt_mask, params, generator, rows)
+            batch = self._decode_batch(rows, input_ids.shape[1], params)
+            response, response_mask, self.last_stats = decode(batch, input_ids, prompt_mask, generator,
+                                                              self.refill)
+        return GenerationOutput(input_ids, prompt_mask, response, response_mask)
+
+    def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        if self._batch is not None and self._batch.key == (rows, prompt_len, params, weights):
+            return self._batch
+        self._batch = None  # one cache resident at a time: drop the old one before allocating
+        try:
+            self._batch = DecodeBatch(self, rows, prompt_len, params, graphs=self.cuda_graphs)
+        except Exception as e:
+            if not self.cuda_graphs:
+                raise
+            # A model whose forward cannot be captured: decode eagerly, same loop.
+            log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
+                        type(e).__name__, e)
+            self.cuda_graphs = False
+            self._batch = DecodeBatch(self, rows, prompt_len, params, graphs=False)
+        self.last_capture_seconds = self._batch.capture_seconds
+        return self._batch
+
+    def release(self) -> None:
+        """Free the KV cache and graphs (the hybrid engine calls this before training)."""
+        self._batch = None
+
+    # -- the plain loop (dynamic cache) --------------------------------------------------------
+    def _generate_waves(self, input_ids, prompt_mask, params, generator, rows) -> GenerationOutput:
+        outs = [self._generate_eager(input_ids[i : i + rows], prompt_mask[i : i + rows], params, generator)
+                for i in range(0, input_ids.shape[0], rows)]
+        if len(outs) == 1:
+            return outs[0]
+        width = max(o.response_ids.shape[1] for o in outs)
+        pad = torch.nn.functional.pad
+        return GenerationOutput(
+            input_ids, prompt_mask,
+            torch.cat([pad(o.response_ids, (0, width - o.response_ids.shape[1]), value=params.pad_token_id)
+                       for o in outs]),
+            torch.cat([pad(o.response_mask, (0, width - o.response_mask.shape[1])) for o in outs]),
+        )
+
+    def _generate_eager(self, input_ids, prompt_mask, params: SamplingParams, generator) -> GenerationOutput:
+        from transformers import DynamicCache
+
+        device = input_ids.device
         batch, prompt_len = input_ids.shape
         total = prompt_len + params.max_new_tokens
-
         # key_valid[b, j]: may any later query attend to cache slot j. Generated slots flip on as
         # they are written.
         key_valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
         key_valid[:, :prompt_len] = prompt_mask.bool()
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min(0)
-
-        state = None
-        if self.cuda_graphs:
-            try:
-                state = self._graph_state(batch, total)
-            except Exception as e:  # a model whose forward cannot be captured: decode eagerly
-                log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
-                            type(e).__name__, e)
-                self._state, state, self.cuda_graphs = None, None, False
-        if state is not None:
-            cache = state.cache
-            cache.reset()
-        else:
-            cache = self._new_cache(batch, total)
-
+        cache = DynamicCache(config=self.model.config)
         # Prefill. Each query attends to valid keys at or before it, and always to itself, so
         # left-pad queries (which have no valid key) stay finite instead of NaN.
         q = torch.arange(prompt_len, device=device)
-        kv_len = total if self.static_cache else prompt_len
-        k = torch.arange(kv_len, device=device)
-        allowed = (key_valid[:, None, :kv_len] & (k[None, None, :] <= q[None, :, None])) | (
-            k[None, None, :] == q[None, :, None]
+        allowed = (key_valid[:, None, :prompt_len] & (q[None, None, :] <= q[None, :, None])) | (
+            q[None, None, :] == q[None, :, None]
         )
         logits = self._forward(input_ids, positions, self._bias(allowed[:, None]), cache, prompt_mask)
-        if state is not None:
-            state.begin(key_valid)
-
         response = torch.full((batch, params.max_new_tokens), params.pad_token_id, dtype=torch.long,
                               device=device)
         response_mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.long, device=device)
@@ -331,12 +367,8 @@ class Decoder:
                 break
             slot = prompt_len + step
             key_valid[:, slot] = True
-            if state is not None:
-                logits = state.step(token, next_position, slot)
-            else:
-                kv_len = total if self.static_cache else slot + 1
-                mask = self._bias(key_valid[:, None, None, :kv_len])
-                logits = self._forward(token[:, None], next_position, mask, cache, key_valid[:, :kv_len].long())
+            mask = self._bias(key_valid[:, None, None, : slot + 1])
+            logits = self._forward(token[:, None], next_position, mask, cache, key_valid[:, : slot + 1].long())
             next_position = next_position + 1
         return GenerationOutput(
             prompt_ids=input_ids,
@@ -344,71 +376,6 @@ class Decoder:
             response_ids=response[:, :steps_run],
             response_mask=response_mask[:, :steps_run],
         )
-
-    # -- CUDA graphs ---------------------------------------------------------------------------
-    def _graph_state(self, batch: int, total: int) -> _GraphState:
-        weights = tuple(p.data_ptr() for p in self.model.parameters())
-        state = self._state
-        if state is None or state.key != (batch, total) or state.weights != weights:
-            # Drop the old graph and cache before allocating new ones: one cache resident at a time.
-            self._state = None
-            del state
-            self._state = _GraphState(self, batch, total, weights)
-        return self._state
-
-    def release(self) -> None:
-        """Free the KV cache and graphs (the hybrid engine calls this before training)."""
-        self._state = None
-
-
-class _GraphState:
-    """A static cache plus one decode step captured as a CUDA graph, for one (batch, length)."""
-
-    def __init__(self, decoder: Decoder, batch: int, total: int, weights: tuple[int, ...]):
-        import time
-
-        started = time.perf_counter()
-        self.key = (batch, total)
-        self.weights = weights
-        self.decoder = decoder
-        model = decoder.model
-        device = next(model.parameters()).device
-        self.cache = decoder._new_cache(batch, total)
-        self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        self.mask = decoder._bias(torch.zeros(batch, 1, 1, total, dtype=torch.bool, device=device))
-        self.allowed_value = decoder._bias(torch.ones((), dtype=torch.bool, device=device))
-        # The static cache allocates its tensors on first use; run one throwaway forward at full
-        # width so they exist (at fixed addresses) before capture, then zero them.
-        self.cache.reset()
-        self.mask[..., 0] = self.allowed_value
-        decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
-        counters = [layer.cumulative_length for layer in self.cache.layers]
-        saved = [c.clone() for c in counters]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        for counter, value in zip(counters, saved, strict=True):
-            counter.copy_(value)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = decoder._forward(self.input_ids, self.position_ids, self.mask, self.cache)
-        torch.cuda.synchronize()
-        decoder.last_capture_seconds = time.perf_counter() - started
-
-    def step(self, token: torch.Tensor, position: torch.Tensor, slot: int) -> torch.Tensor:
-        self.input_ids.copy_(token[:, None])
-        self.position_ids.copy_(position)
-        self.mask[..., slot] = self.allowed_value
-        self.graph.replay()
-        return self.logits
-
-    def begin(self, key_valid: torch.Tensor) -> None:
-        """Load a new rollout's prompt validity into the graph's mask buffer."""
-        self.mask.copy_(self.decoder._bias(key_valid[:, None, None, :]))
 
 
 def generate(
@@ -419,8 +386,11 @@ def generate(
     generator: torch.Generator | None = None,
     static_cache: bool | None = None,
     cuda_graphs: bool | None = None,
+    batch_rows: int | None = None,
+    refill: bool = True,
 ) -> GenerationOutput:
     """One-shot generation (builds a `Decoder`; keep a `Decoder` to reuse caches and graphs)."""
-    return Decoder(model, static_cache=static_cache, cuda_graphs=cuda_graphs).generate(
+    return Decoder(model, static_cache=static_cache, cuda_graphs=cuda_graphs, batch_rows=batch_rows,
+                   refill=refill).generate(
         input_ids, attention_mask, params, generator
     )

@@ -1,0 +1,277 @@
+"""Continuous-batching decode: a fixed set of batch rows working through a longer list of prompts.
+
+What it is: `rows` decode rows, each holding one prompt at a time in a KV cache of its own slots.
+A row whose completion hits EOS (or `max_new_tokens`) is harvested and refilled with the next
+waiting prompt: the prompt's KV is prefilled into that row alone while the other rows keep their
+place, so one long completion no longer holds a whole batch of finished rows. With `refill` off
+the prompts go through in waves of `rows` (each wave runs to its longest completion), which is
+what the plain batched loop does and what the benchmark compares against.
+
+Per-row bookkeeping lives on the device: the row's completion length, its finished flag, the next
+write slot and position. One decode step is: sample the next token from the previous step's
+logits (on the logits as the model returned them, bf16 on GPU), record it, advance the row's
+counters, open its new slot in the attention mask, and run the model's forward for the new
+tokens. On CUDA that whole step is one captured graph (sampling included: the graph's own
+generator is registered with it and seeded once per call), so a step costs one graph launch and
+no host sync; the host asks for the finished flags every `EOS_CHECK_EVERY` steps, which is when
+rows are harvested and refilled.
+
+Live-KV reads: attention reads only the first `read_len` slots of the cache. A graph is captured
+for a few read lengths (buckets up to the full cache); before each step the host picks the
+smallest that covers every live row. The host knows that bound without asking the device: a row
+has at most as many tokens as steps since it was filled.
+
+Tokens: greedy completions are exactly those of the plain batched loop (same per-row arithmetic;
+a test checks it). Sampled completions come from the same distribution but not the same draws:
+the noise a prompt gets depends on which row and step it lands on, which refilling changes. The
+draws of one call are reproducible for the same generator seed, rows and refill setting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+# How often (in steps) the host reads the finished flags: each read is a host sync, and refills
+# happen only then. A finished row idles at most this many steps minus one.
+EOS_CHECK_EVERY = 8
+# Cache lengths and read lengths are multiples of this, so the mask rows sdpa's kernels get stay aligned.
+LENGTH_STEP = 64
+# Read-length buckets: the full cache split in this many steps over the completion part.
+BUCKETS = 4
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def read_buckets(prompt_len: int, max_new_tokens: int, length: int, buckets: int = BUCKETS) -> list[int]:
+    """The read lengths graphs are captured for: the prompt plus 1/4, 2/4, ... of the completion
+    slots, rounded up to LENGTH_STEP, the last one the whole cache."""
+    points = {min(length, _round_up(prompt_len + -(-max_new_tokens * i // buckets), LENGTH_STEP))
+              for i in range(1, buckets + 1)}
+    return sorted(points | {length})
+
+
+class SlotCache:
+    """Per-layer keys and values of `rows` x `length` slots, the cache object HF attention layers
+    call `update` on. Decode writes each row's new key at that row's own slot (`write_slot`) and
+    returns the first `read_len` slots; a prefill (`prefill_rows` set) writes the prompt's keys
+    into the first slots of those rows and returns them as they are (the prompt attends only to
+    itself). The model never builds a mask from this cache: it always gets a 4-D one."""
+
+    is_compileable = False
+
+    def __init__(self, layers: int, rows: int, length: int, device: torch.device):
+        self.rows, self.length = rows, length
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.write_slot = torch.zeros(rows, dtype=torch.long, device=device)
+        self.read_len = length
+        self.prefill_rows: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx] = key_states.new_zeros(self.rows, key_states.shape[1], self.length, key_states.shape[3])
+            self.values[layer_idx] = value_states.new_zeros(self.rows, value_states.shape[1], self.length,
+                                                            value_states.shape[3])
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.prefill_rows is not None:
+            width = key_states.shape[2]
+            keys[:, :, :width].index_copy_(0, self.prefill_rows, key_states)
+            values[:, :, :width].index_copy_(0, self.prefill_rows, value_states)
+            return key_states, value_states
+        index = self.write_slot.view(-1, 1, 1, 1)
+        keys.scatter_(2, index.expand(-1, keys.shape[1], 1, keys.shape[3]), key_states)
+        values.scatter_(2, index.expand(-1, values.shape[1], 1, values.shape[3]), value_states)
+        return keys[:, :, : self.read_len], values[:, :, : self.read_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class DecodeBatch:
+    """Device state of `rows` decode rows for prompts of `prompt_len` columns and one sampling
+    setting, plus (with `graphs`) one captured step per read-length bucket. Kept by the `Decoder`
+    between calls; `key` says when it can be reused."""
+
+    def __init__(self, decoder, rows: int, prompt_len: int, params, graphs: bool):
+        from rlkube.runtime.engine.generation import sample_tokens  # generation imports this module
+
+        started = time.perf_counter()
+        self._sample = sample_tokens
+        model = decoder.model
+        device = next(model.parameters()).device
+        self.decoder, self.params = decoder, params
+        self.rows, self.prompt_len = rows, prompt_len
+        self.weights = tuple(p.data_ptr() for p in model.parameters())
+        self.key = (rows, prompt_len, params, self.weights)
+        self.length = _round_up(prompt_len + params.max_new_tokens, LENGTH_STEP)
+        self.buckets = read_buckets(prompt_len, params.max_new_tokens, self.length)
+        self.cache = SlotCache(model.config.num_hidden_layers, rows, self.length, device)
+        self.rng = torch.Generator(device=device)
+        self.mask = decoder._bias(torch.zeros(rows, 1, 1, self.length, dtype=torch.bool, device=device))
+        self.allowed = decoder._bias(torch.ones(rows, 1, 1, 1, dtype=torch.bool, device=device))
+        self.blocked = decoder._bias(torch.zeros((), dtype=torch.bool, device=device))
+        self.input_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.position_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.gen_len = torch.zeros(rows, dtype=torch.long, device=device)
+        self.base_pos = torch.zeros(rows, dtype=torch.long, device=device)
+        self.finished = torch.ones(rows, dtype=torch.bool, device=device)
+        # Column max_new_tokens takes the pad writes of rows already at their limit.
+        self.history = torch.full((rows, params.max_new_tokens + 1), params.pad_token_id, dtype=torch.long,
+                                  device=device)
+        # A one-token prefill of every row allocates the cache at its final addresses and gives
+        # the logits buffer its shape and dtype (bf16 on GPU: sampling reads them as they are).
+        self.cache.prefill_rows = torch.arange(rows, device=device)
+        self.mask[..., 0] = self.allowed[..., 0]
+        first = decoder._forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
+        self.cache.prefill_rows = None
+        self.logits = first.clone()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if graphs:
+            self._capture()
+        self.mask.fill_(self.blocked)
+        self.capture_seconds = time.perf_counter() - started
+
+    # -- one step ------------------------------------------------------------------------------
+    def _step(self, read_len: int) -> None:
+        """Sample from the last logits, record, advance, and run the forward of the new tokens."""
+        p = self.params
+        active = ~self.finished
+        token = torch.where(active, self._sample(self.logits, p, self.rng), p.pad_token_id)
+        self.history.scatter_(1, self.gen_len[:, None], token[:, None])
+        self.gen_len.add_(active.long())
+        done = self.gen_len >= p.max_new_tokens
+        if p.eos_token_id is not None:
+            done |= token == p.eos_token_id
+        self.finished |= done
+        # The token just sampled is fed at the row's next slot; a finished row keeps rewriting
+        # its last slot, which nothing reads before the row is refilled.
+        slot = self.gen_len + (self.prompt_len - 1)
+        self.cache.write_slot.copy_(slot)
+        self.mask.scatter_(3, slot.view(-1, 1, 1, 1), self.allowed)
+        self.input_ids.copy_(token[:, None])
+        self.position_ids.copy_((self.base_pos + self.gen_len - 1)[:, None])
+        self.cache.read_len = read_len
+        logits = self.decoder._forward(self.input_ids, self.position_ids, self.mask[..., :read_len], self.cache)
+        self.logits.copy_(logits)
+
+    def step(self, live: int) -> None:
+        """One decode step for rows holding at most `live` tokens after it."""
+        need = self.prompt_len + min(live, self.params.max_new_tokens)
+        read_len = next(b for b in self.buckets if b >= need)
+        graph = self.graphs.get(read_len)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._step(read_len)
+
+    def _capture(self) -> None:
+        # Warm-up runs (kernel selection, allocator) on a side stream, then one capture per
+        # bucket into one memory pool: the graphs never run at the same time.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for read_len in self.buckets:
+                self._step(read_len)
+        torch.cuda.current_stream().wait_stream(stream)
+        pool = None
+        for read_len in self.buckets:
+            graph = torch.cuda.CUDAGraph()
+            graph.register_generator_state(self.rng)
+            with torch.cuda.graph(graph, pool=pool):
+                self._step(read_len)
+            pool = graph.pool()
+            self.graphs[read_len] = graph
+        torch.cuda.synchronize()
+
+    # -- rows ----------------------------------------------------------------------------------
+    def seed(self, generator: torch.Generator | None) -> None:
+        """Seed this call's sampling from `generator` (one host read per call)."""
+        if self.params.temperature == 0.0:
+            return
+        device = generator.device if generator is not None else "cpu"
+        self.rng.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator, device=device)))
+
+    def fill(self, rows: torch.Tensor, ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+        """Prefill the left-padded prompts `ids` into batch rows `rows` (the other rows keep their state)."""
+        width = ids.shape[1]
+        positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min(0)
+        q = torch.arange(width, device=ids.device)
+        # Each query attends to real keys at or before it, and always to itself, so left-pad
+        # queries (no real key) stay finite instead of NaN.
+        allowed = (prompt_mask.bool()[:, None, :] & (q[None, None, :] <= q[None, :, None])) | (
+            q[None, None, :] == q[None, :, None])
+        self.cache.prefill_rows = rows
+        try:
+            logits = self.decoder._forward(ids, positions, self.decoder._bias(allowed[:, None]), self.cache)
+        finally:
+            self.cache.prefill_rows = None
+        self.logits.index_copy_(0, rows, logits.to(self.logits.dtype))
+        self.mask.index_fill_(0, rows, self.blocked)
+        self.mask[rows, 0, 0, :width] = self.decoder._bias(prompt_mask.bool())
+        self.gen_len.index_fill_(0, rows, 0)
+        self.finished.index_fill_(0, rows, False)
+        self.base_pos.index_copy_(0, rows, prompt_mask.sum(dim=1))
+
+
+def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tensor, generator, refill: bool):
+    """Complete every prompt of `input_ids` ([N, P], left-padded) with the rows of `batch`.
+
+    Returns (response [N, T], response_mask [N, T], stats) with T the longest completion."""
+    params, rows = batch.params, batch.rows
+    device = input_ids.device
+    count = input_ids.shape[0]
+    limit = params.max_new_tokens
+    response = torch.full((count, limit + 1), params.pad_token_id, dtype=torch.long, device=device)
+    lengths = torch.zeros(count, dtype=torch.long, device=device)
+    waiting = deque(range(count))
+    assigned = [-1] * rows  # prompt index held by each row, -1 when idle
+    age = [0] * rows  # steps since each row was filled: an upper bound of its completion length
+    stats = {"rows": rows, "steps": 0, "prefills": 0, "row_steps_busy": 0}
+    batch.seed(generator)
+
+    def fill(free: list[int]) -> None:
+        prompts = [waiting.popleft() for _ in free]
+        index = torch.tensor(prompts, device=device)
+        batch.fill(torch.tensor(free, device=device), input_ids[index], prompt_mask[index])
+        for row, prompt in zip(free, prompts, strict=True):
+            assigned[row], age[row] = prompt, 0
+        stats["prefills"] += 1
+
+    fill(list(range(min(rows, count))))
+    while True:
+        busy = [r for r in range(rows) if assigned[r] >= 0]
+        oldest = max(age[r] for r in busy)
+        # Check no later than when the oldest row must have reached its limit.
+        ran = max(1, min(EOS_CHECK_EVERY, limit - oldest))
+        for i in range(1, ran + 1):
+            batch.step(oldest + i)
+        for r in busy:
+            age[r] += ran
+        stats["steps"] += ran
+        stats["row_steps_busy"] += ran * len(busy)
+        finished = batch.finished.tolist()  # the host sync of this check
+        done = [r for r in busy if finished[r]]
+        if done:
+            rows_t = torch.tensor(done, device=device)
+            prompts_t = torch.tensor([assigned[r] for r in done], device=device)
+            response.index_copy_(0, prompts_t, batch.history[rows_t])
+            lengths.index_copy_(0, prompts_t, batch.gen_len[rows_t])
+            for r in done:
+                assigned[r] = -1
+        if waiting:
+            idle = [r for r in range(rows) if assigned[r] < 0]
+            if refill and idle:
+                fill(idle[: len(waiting)])
+            elif len(idle) == rows:
+                fill(idle[: min(rows, len(waiting))])
+        if all(a < 0 for a in assigned) and not waiting:
+            break
+    width = int(lengths.max())
+    response_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
+    response = torch.where(response_mask, response[:, :width], params.pad_token_id)
+    return response, response_mask.long(), stats

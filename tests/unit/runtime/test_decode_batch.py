@@ -1,0 +1,177 @@
+"""Continuous-batching decode: refilled rows give the tokens of the plain loop, sampling inside the
+step has no host sync and draws from the model's distribution, attention reads length buckets."""
+
+import inspect
+import re
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlkube.runtime.engine import decode_batch
+from rlkube.runtime.engine.decode_batch import DecodeBatch, SlotCache, read_buckets
+from rlkube.runtime.engine.generation import Decoder, SamplingParams, sample_tokens
+
+torch.set_num_threads(1)
+VOCAB, PAD = 64, 0
+
+
+def sharp_model(model_type="qwen2", attn="sdpa"):
+    """A tiny model whose greedy choices are not near-ties (random-init logits are nearly flat)."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        model_type, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def left_padded(prompts):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def mixed_prompts(count, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (count,), generator=g).tolist()
+    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def eos_with_spread(model, ids, mask, steps):
+    """An EOS id that ends completions at a spread of lengths (some early, some never)."""
+    free = Decoder(model, static_cache=False).generate(ids, mask, SamplingParams(steps, temperature=0.0))
+    best, spread = None, -1
+    for token in range(1, VOCAB):
+        hits = (free.response_ids == token).int()
+        first = torch.where(hits.any(1), hits.argmax(1), steps)
+        if first.unique().numel() > spread:
+            best, spread = token, first.unique().numel()
+    return best
+
+
+@pytest.mark.parametrize("model_type,attn", [("qwen2", "sdpa"), ("llama", "eager")])
+def test_refilled_rows_give_the_plain_loops_greedy_tokens_in_prompt_order(model_type, attn):
+    model = sharp_model(model_type, attn)
+    prompts = mixed_prompts(11)
+    ids, mask = left_padded(prompts)
+    eos = eos_with_spread(model, ids, mask, 20)
+    params = SamplingParams(max_new_tokens=20, temperature=0.0, eos_token_id=eos, pad_token_id=PAD)
+    want = Decoder(model, static_cache=False).generate(ids, mask, params)
+    lengths = want.response_lengths.tolist()
+    assert len(set(lengths)) >= 3 and max(lengths) == 20, lengths  # EOS ends rows at different steps
+    for rows, refill in [(None, True), (3, True), (3, False), (1, True), (4, True)]:
+        decoder = Decoder(model, batch_rows=rows, refill=refill)
+        got = decoder.generate(ids, mask, params)
+        width = want.response_ids.shape[1]
+        assert got.response_ids.shape[1] == width, (rows, refill)
+        assert torch.equal(got.response_ids, want.response_ids), (rows, refill)
+        assert torch.equal(got.response_mask, want.response_mask), (rows, refill)
+        assert torch.equal(got.prompt_ids, ids)
+        if rows == 3:
+            waves = decoder.last_stats["prefills"] if not refill else None
+            assert refill or waves == 4, decoder.last_stats  # 11 prompts in waves of 3
+            assert not refill or decoder.last_stats["prefills"] > 4, decoder.last_stats
+
+
+def test_refill_takes_fewer_steps_than_waves_when_one_completion_is_long():
+    model = sharp_model()
+    prompts = mixed_prompts(12, seed=3)
+    ids, mask = left_padded(prompts)
+    eos = eos_with_spread(model, ids, mask, 48)
+    params = SamplingParams(max_new_tokens=48, temperature=0.0, eos_token_id=eos, pad_token_id=PAD)
+    steps = {}
+    for refill in (True, False):
+        decoder = Decoder(model, batch_rows=4, refill=refill)
+        decoder.generate(ids, mask, params)
+        steps[refill] = decoder.last_stats["steps"]
+    assert steps[True] < steps[False], steps
+
+
+def test_sampled_refill_is_seeded_and_draws_from_the_models_distribution():
+    model = sharp_model()  # about 26 tokens above 1% after this prompt at temperature 0.7
+    prompt = [5, 9, 3]
+    ids, mask = left_padded([prompt] * 1500)
+    params = SamplingParams(max_new_tokens=2, temperature=0.7, pad_token_id=PAD)
+    decoder = Decoder(model, batch_rows=100)
+    a = decoder.generate(ids, mask, params, torch.Generator().manual_seed(1)).response_ids
+    b = decoder.generate(ids, mask, params, torch.Generator().manual_seed(1)).response_ids
+    c = decoder.generate(ids, mask, params, torch.Generator().manual_seed(2)).response_ids
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1] / 0.7, dim=-1)
+        other = torch.softmax(model(input_ids=torch.tensor([[7, 7]])).logits[0, -1] / 0.7, dim=-1)
+    seen = torch.bincount(torch.cat([a[:, 0], c[:, 0]]), minlength=VOCAB).float() / 3000
+    # total variation: ~0.035 expected from 3,000 draws alone; another prompt's distribution is far
+    assert float((seen - probs).abs().sum()) / 2 < 0.06
+    assert float((seen - other).abs().sum()) / 2 > 0.2
+    # every row got its own draw: 1500 rows of one prompt do not all sample the same token
+    assert a[:, 0].unique().numel() > 10
+
+
+def test_sample_tokens_reads_bf16_logits_and_keeps_the_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(20000, 4).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    got = torch.bincount(sample_tokens(logits, SamplingParams(1, temperature=1.0), gen), minlength=4) / 20000
+    assert got.tolist() == pytest.approx([0.5, 0.3, 0.15, 0.05], abs=0.015)
+    hot = torch.bincount(sample_tokens(logits, SamplingParams(1, temperature=0.5), gen), minlength=4) / 20000
+    want = torch.softmax(logits[0].float() / 0.5, dim=-1)
+    assert hot.tolist() == pytest.approx(want.tolist(), abs=0.015)
+
+
+def test_the_decode_step_has_no_host_sync():
+    """What runs per token (the step and the sampling) must not read device values on the host:
+    on CUDA that would stall the queue every token and break the captured graph."""
+    sync = re.compile(r"\.item\(|\.tolist\(|\.nonzero\(|\.cpu\(|(?<![\w.])(?:bool|int|float)\((?![\"'])|\.any\(\)|\.all\(\)")
+    for fn in (DecodeBatch._step, sample_tokens):
+        body = inspect.getsource(fn).split('"""')[-1]
+        assert not sync.search(body), (fn.__name__, sync.search(body))
+
+
+def test_attention_reads_only_the_live_bucket(monkeypatch):
+    assert read_buckets(128, 256, 384) == [192, 256, 320, 384]
+    assert read_buckets(8, 3, 64) == [64]
+    model = sharp_model()
+    ids, mask = left_padded(mixed_prompts(3))
+    reads = []
+    real = SlotCache.update
+
+    def spy(self, k, v, layer_idx, *args, **kwargs):
+        out = real(self, k, v, layer_idx, *args, **kwargs)
+        if self.prefill_rows is None and layer_idx == 0:
+            reads.append(out[0].shape[2])
+        return out
+
+    monkeypatch.setattr(SlotCache, "update", spy)
+    params = SamplingParams(max_new_tokens=200, temperature=0.0, pad_token_id=PAD)
+    decoder = Decoder(model)
+    out = decoder.generate(ids, mask, params)
+    assert out.response_ids.shape[1] == 200
+    batch = decoder._batch
+    assert batch.buckets == [64, 128, 192, 256] and batch.length == 256
+    assert sorted(set(reads)) == [64, 128, 192, 256]  # decode reads only (prefills are not recorded)
+    # each read covers the slots written so far: prompt (8) + tokens fed
+    for step, read_len in enumerate(reads):
+        assert read_len >= 8 + step + 1, (step, read_len)
+
+
+def test_eos_is_checked_every_few_steps(monkeypatch):
+    model = sharp_model()
+    ids, mask = left_padded(mixed_prompts(4))
+    reads = []
+    real = torch.Tensor.tolist
+
+    def spy(t):
+        if t.dtype == torch.bool:
+            reads.append(1)
+        return real(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", spy)
+    decoder = Decoder(model)
+    decoder.generate(ids, mask, SamplingParams(max_new_tokens=40, temperature=0.0, pad_token_id=PAD))
+    assert decoder.last_stats["steps"] == 40
+    assert len(reads) == 40 // decode_batch.EOS_CHECK_EVERY

@@ -13,7 +13,8 @@ Without CUDA every test here is skipped.
   so the comparison can fail).
 - greedy decoding with the static cache and CUDA graphs (the rollout path) gives the tokens of
   the eager path (dynamic cache, no graphs), also through the hybrid engine, and on a replay of
-  the captured graph. float32 with TF32 off and a sharpened head, so no argmax is a near-tie.
+  the captured graph; with 3 rows refilled at EOS over 10 prompts too. float32 with TF32 off and
+  a sharpened head, so no argmax is a near-tie. Sampling inside the graph repeats for one seed.
 """
 
 from __future__ import annotations
@@ -108,3 +109,29 @@ def test_greedy_tokens_with_cuda_graphs_and_static_cache_equal_the_eager_path(fp
         assert torch.equal(got.response_ids, want.response_ids), seed
         assert torch.equal(engine.generate(ids, mask, greedy).response_ids, want.response_ids), seed
     assert want.response_ids.shape[1] > 1
+
+
+def test_refilled_rows_in_cuda_graphs_give_the_eager_greedy_tokens_and_sampling_is_seeded(fp32_exact):
+    """Continuous batching on the GPU: 10 prompts on 3 rows, refilled at EOS, every step a graph
+    replay (sampling inside), give the plain eager loop's greedy tokens in prompt order; sampled
+    runs in graphs repeat for one seed and differ for another."""
+    lm = tiny_lm(torch.float32)
+    with torch.no_grad():
+        lm.lm_head.weight.mul_(30.0)
+    ids, mask = prompts([9, 3, 14, 6, 1, 11, 5, 8, 2, 13], 3)
+    free = Decoder(lm, static_cache=False, cuda_graphs=False).generate(ids, mask, SamplingParams(32, 0.0))
+    eos = int(free.response_ids[:, 5].mode().values)  # a token some rows emit early
+    greedy = SamplingParams(max_new_tokens=32, temperature=0.0, eos_token_id=eos, pad_token_id=PAD)
+    want = Decoder(lm, static_cache=False, cuda_graphs=False).generate(ids, mask, greedy)
+    for refill in (True, False):
+        decoder = Decoder(lm, batch_rows=3, refill=refill)
+        got = decoder.generate(ids, mask, greedy)
+        assert decoder.cuda_graphs and decoder._batch.graphs, "graph capture failed; decoded eagerly"
+        assert torch.equal(got.response_ids, want.response_ids), refill
+        assert torch.equal(got.response_mask, want.response_mask), refill
+    sampled = SamplingParams(max_new_tokens=32, temperature=1.0, eos_token_id=eos, pad_token_id=PAD)
+    decoder = Decoder(lm, batch_rows=3)
+    runs = [decoder.generate(ids, mask, sampled, torch.Generator(DEVICE).manual_seed(s)).response_ids
+            for s in (1, 1, 2)]
+    assert decoder.cuda_graphs
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])

@@ -175,8 +175,9 @@ class DecodeBatch:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for read_len in self.buckets:
-                self._step(read_len)
+            for _ in range(2):
+                for read_len in self.buckets:
+                    self._step(read_len)
         torch.cuda.current_stream().wait_stream(stream)
         pool = None
         for read_len in self.buckets:

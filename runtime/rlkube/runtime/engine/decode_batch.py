@@ -33,6 +33,7 @@ import time
 from collections import deque
 
 import torch
+from transformers.cache_utils import Cache
 
 # How often (in steps) the host reads the finished flags: each read is a host sync, and refills
 # happen only then. A finished row idles at most this many steps minus one.
@@ -55,16 +56,19 @@ def read_buckets(prompt_len: int, max_new_tokens: int, length: int, buckets: int
     return sorted(points | {length})
 
 
-class SlotCache:
+class SlotCache(Cache):
     """Per-layer keys and values of `rows` x `length` slots, the cache object HF attention layers
     call `update` on. Decode writes each row's new key at that row's own slot (`write_slot`) and
     returns the first `read_len` slots; a prefill (`prefill_rows` set) writes the prompt's keys
     into the first slots of those rows and returns them as they are (the prompt attends only to
-    itself). The model never builds a mask from this cache: it always gets a 4-D one."""
+    itself). The model never builds a mask from this cache: it always gets a 4-D one. A `Cache`
+    subclass only so that isinstance checks in model code accept it; none of `Cache`'s per-layer
+    machinery is used (`layers` stays empty)."""
 
     is_compileable = False
 
     def __init__(self, layers: int, rows: int, length: int, device: torch.device):
+        self.layers = []
         self.rows, self.length = rows, length
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers

@@ -56,14 +56,15 @@ def config(tmp_path, algorithm: str, separate_copy: bool, actor_gpus: int = 1) -
     return RuntimeConfig.model_validate(cfg)
 
 
-def run(cfg: RuntimeConfig) -> tuple[RLTrainer, list[dict]]:
+def run(cfg: RuntimeConfig, ctx=None) -> tuple[RLTrainer, list[dict]]:
+    """A run of `cfg` in this process; `ctx`: the caller's process group (else joined and left here)."""
     held = {}
 
     def make(c, ctx):
         held["trainer"] = RLTrainer(c, ctx)
         return held["trainer"]
 
-    records = train_on_this_rank(make, cfg, None).records
+    records = train_on_this_rank(make, cfg, ctx).records
     return held["trainer"], records
 
 
@@ -112,13 +113,22 @@ def worker(rank: int, port: int, tmp: str, results) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    out = {}
-    for separate_copy in (False, True):
-        trainer, recs = run(config(Path(tmp), "grpo", separate_copy, actor_gpus=2))
-        out[separate_copy] = (type(trainer.scorer.reference).__name__, [(r["kl"], r["loss"]) for r in recs])
-    results[rank] = out
+    from rlkube.runtime.infra.distributed import init_from_env, shutdown
+
+    configs = {separate: config(Path(tmp), "grpo", separate, actor_gpus=2) for separate in (False, True)}
+    # one process group for both runs: a second rendezvous on the same port can meet the first's store
+    ctx = init_from_env(configs[False].device_map)
+    try:
+        out = {}
+        for separate_copy, cfg in configs.items():
+            trainer, recs = run(cfg, ctx)
+            out[separate_copy] = (type(trainer.scorer.reference).__name__, [(r["kl"], r["loss"]) for r in recs])
+        results[rank] = out
+    finally:
+        shutdown(ctx)
 
 
+@pytest.mark.timeout(300)
 def test_sharded_lora_actor_serves_as_its_reference_on_two_ranks(tmp_path, monkeypatch):
     """The actor FSDP-sharded over 2 ranks (gloo): switching the adapters off inside the sharded
     module gives the KL a separate sharded copy of the base gives."""
@@ -136,3 +146,24 @@ def test_sharded_lora_actor_serves_as_its_reference_on_two_ranks(tmp_path, monke
         assert shared[-1][0] > 1e-4, shared
         for (kl_a, loss_a), (kl_b, loss_b) in zip(shared, copied, strict=True):
             assert kl_a == pytest.approx(kl_b, rel=1e-5, abs=1e-7) and loss_a == pytest.approx(loss_b, rel=1e-5, abs=1e-7)
+
+
+def test_a_reference_on_gpus_of_its_own_keeps_its_copy_and_says_so(tmp_path, monkeypatch):
+    """The view needs the actor's module in the reference's process: a reference with its own
+    ranks builds its copy, and the run is told what colocateWith: actor would save."""
+    from rlkube.runtime.infra.distributed import init_from_env
+    from rlkube.runtime.trainers.rl import trainer as rl_trainer
+
+    warned = []
+    monkeypatch.setattr(rl_trainer, "warn_once", lambda key, message: warned.append(message))
+    cfg = config(tmp_path, "grpo", separate_copy=False).model_dump(mode="json", by_alias=True, exclude_none=True)
+    cfg["roles"]["reference"] = {"gpus": 1}
+    del cfg["deviceMap"]
+    cfg = RuntimeConfig.model_validate(cfg)
+    assert cfg.device_map["reference"] != cfg.device_map["actor"]
+    trainer = RLTrainer(cfg, init_from_env(cfg.device_map))  # one process: every role is here
+    try:
+        assert trainer.scorer.reference is not None and not isinstance(trainer.scorer.reference, ReferenceView)
+        assert len(warned) == 1 and "colocateWith: actor" in warned[0]
+    finally:
+        trainer.close()

@@ -451,6 +451,12 @@ class TrainingSpec(Spec):
         "response token of the mini-batch, or the mean over its sequences of each sequence's token sum "
         "or token mean (verl's loss_agg_mode).",
     )
+    fused_logprobs: bool = Field(
+        default=True,
+        description="Take per-token log-probs (and the PPO/GRPO entropy) through the lm head chunk by chunk, "
+        "never holding the [tokens, vocab] logits (a chunk's logits are recomputed in the backward pass); "
+        "false materialises them all (more memory, one matmul less). Same values to fp32 rounding.",
+    )
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
     trainable_modules: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN)]] | None = Field(

@@ -4,8 +4,9 @@ response block in a padded rollout batch.
 Rollout rows are `[left-padded prompt (P columns) | right-padded response (T columns)]`. The
 token in response column t is predicted by the hidden state at column P + t - 1, so the head
 only ever sees T positions per row, never the prompt's. Log-probs go through the core's chunked
-head (`logprobs.token_logprobs`), which never holds a full-vocabulary logits tensor for the
-batch; the entropy, when asked for, does need the logits of the response positions.
+head (`fused_head.head_logprobs`), which never holds a full-vocabulary logits tensor for the
+batch, nor for the entropy when it is asked for (`fused=False`, from `training.fusedLogprobs`,
+materialises them).
 
 `PolicyModel` is a module rather than a function so that FSDP2 can shard it as the root: the
 embedding, final norm and lm head belong to the root unit and are gathered in its pre-forward,
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from rlkube.runtime.algorithms.ppo import entropy_from_logits
+from rlkube.runtime.engine.fused_head import DEFAULT_CHUNK, head_logprobs
 from rlkube.runtime.engine.generation import attention_mode, padded_causal_mask
-from rlkube.runtime.engine.logprobs import DEFAULT_CHUNK, body_and_head, token_logprobs
+from rlkube.runtime.engine.logprobs import body_and_head
 
 
 def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -53,10 +54,13 @@ class PolicyModel(torch.nn.Module):
     """Wraps an HF causal LM (`.lm`); forward -> (log-probs [B, T] fp32, entropy [B, T] or None)
     of the distribution softmax(logits / temperature) the rollout samples from."""
 
-    def __init__(self, lm: torch.nn.Module, chunk: int = DEFAULT_CHUNK, temperature: float = 1.0) -> None:
+    def __init__(
+        self, lm: torch.nn.Module, chunk: int = DEFAULT_CHUNK, temperature: float = 1.0, fused: bool = True,
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.chunk = chunk
+        self.fused = fused
         self.mode = attention_mode(lm)
         self.temperature = temperature if temperature > 0 else 1.0
 
@@ -73,11 +77,9 @@ class PolicyModel(torch.nn.Module):
         valid = response_mask.bool()
         picked = hidden[valid]
         targets = input_ids[:, prompt_len:][valid]
-        logps = token_logprobs(picked, head.weight, targets, self.chunk, self.temperature)
+        logps, ent = head_logprobs(picked, head.weight, targets, chunk=self.chunk, temperature=self.temperature,
+                                   with_entropy=with_entropy, fused=self.fused)
         out = torch.zeros(response_mask.shape, dtype=torch.float32, device=logps.device)
         out = out.masked_scatter(valid, logps)
-        entropy = None
-        if with_entropy:
-            ent = entropy_from_logits((picked @ head.weight.t()).float() / self.temperature)
-            entropy = torch.zeros_like(out).masked_scatter(valid, ent)
+        entropy = torch.zeros_like(out).masked_scatter(valid, ent) if with_entropy else None
         return out, entropy

@@ -132,12 +132,13 @@ class DPOTrainer(Trainer):
         elif self.peft is None:
             ref_lm = frozen_copy(lm)
         apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
-        self.policy = shard(SequenceLogprobs(lm), ctx, "actor")
+        fused = config.training.fused_logprobs
+        self.policy = shard(SequenceLogprobs(lm, fused=fused), ctx, "actor")
         if ref_spec is None and self.peft is not None:
             # LoRA: the reference is the actor's base weights, its adapters off (no second copy)
             self.reference = ReferenceView(self.policy)
         else:
-            self.reference = shard(SequenceLogprobs(ref_lm), ctx, "reference")
+            self.reference = shard(SequenceLogprobs(ref_lm, fused=fused), ctx, "reference")
         self.optimizer = self.adamw(self.policy)
         self.trainable = self.policy
         # the explicit block mask is for sdpa; eager/flex/flash read packed position ids

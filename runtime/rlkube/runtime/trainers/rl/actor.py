@@ -41,7 +41,8 @@ class ActorWorker(RoleWorker):
             add_lora(lm, config.model.lora)  # in place: training and generation both run the adapters
         apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
         # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
-        policy = shard(PolicyModel(lm, temperature=config.rollout.temperature), ctx, "actor")
+        policy = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
+        policy = shard(policy, ctx, "actor")
         super().__init__(config, groups, policy, make_optimizer(policy))
         self.engine = HybridEngine(self.model, self.optimizer)
         self.policy_loss = get_policy_loss(algorithm.policy_loss)

@@ -40,7 +40,8 @@ def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
     spec = config.roles.reference.model or config.model
     lm, _ = build_causal_lm(spec, ctx.device, seed=config.training.seed)
     lm.eval().requires_grad_(False)
-    return shard(PolicyModel(lm, temperature=config.rollout.temperature), ctx, "reference")
+    reference = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
+    return shard(reference, ctx, "reference")
 
 
 @torch.no_grad()

@@ -1,6 +1,6 @@
 """Where the harness's binaries are, and building them when they are missing.
 
-Kubernetes, etcd, helm, kwok and Kueue are built from wrapper Go modules under `tests/cluster/go/`
+Kubernetes, etcd, helm, kwok, Kueue and promtool are built from wrapper Go modules under `tests/cluster/go/`
 by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
 RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
 bumping a pin in a go.mod is the whole upgrade. etcd is v3.6 built from
@@ -31,6 +31,8 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "helm": ("helm.sh/helm/v3", ("helm",)),
     "kwok": ("sigs.k8s.io/kwok", ("kwok",)),
     "kueue": ("sigs.k8s.io/kueue", ("kueue",)),
+    # Prometheus tags its Go module v0.<major*100+minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
+    "promtool": ("github.com/prometheus/prometheus", ("promtool",)),
 }
 _BINARY_COMPONENT = {b: c for c, (_, bs) in COMPONENTS.items() for b in bs}
 
@@ -111,3 +113,9 @@ def kwok() -> Path:
 def kueue() -> Path:
     """Kueue's manager (sigs.k8s.io/kueue/cmd/kueue); tests/cluster/kueue.py runs it."""
     return path("kueue")
+
+
+def promtool() -> Path:
+    """Prometheus' promtool (github.com/prometheus/prometheus/cmd/promtool): checks and unit-tests
+    the chart's alerting rules (tests/integration/test_alert_rules.py)."""
+    return path("promtool")

@@ -2,7 +2,7 @@
 # Builds the pinned cluster binaries from their Go modules into a per-version cache:
 #   $RLKUBE_BIN_CACHE/<component>-<version>/<binary>   (default ~/.cache/rlkube/bin)
 # A component whose cache folder is complete is skipped, so a rerun builds nothing.
-# Usage: build-bins.sh [kubernetes|etcd|helm|kwok|kueue ...]   (default: all)
+# Usage: build-bins.sh [kubernetes|etcd|helm|kwok|kueue|promtool ...]   (default: all)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${RLKUBE_BIN_CACHE:-$HOME/.cache/rlkube/bin}"
@@ -22,11 +22,19 @@ k8s_ldflags() {
   echo "$f"
 }
 
+# Prometheus tags its Go module v0.<major*100+minor>.<patch> (v0.316.0 is 3.16.0); its own build
+# (promu) stamps that release version, which `promtool --version` prints.
+promtool_ldflags() {
+  local v="${1#v0.}" mm; mm="${v%%.*}"
+  echo " -X github.com/prometheus/common/version.Version=$((mm / 100)).$((mm % 100)).${v#*.}"
+}
+
 build() {  # build <component> <module> <binaries...>  (binary = name=package)
   local comp="$1" mod="$2"; shift 2
   local ver; ver="$(version_of "$comp" "$mod")"
   local ldflags="-s -w"
   [[ "$comp" != kubernetes ]] || ldflags+="$(k8s_ldflags "$ver")"
+  [[ "$comp" != promtool ]] || ldflags+="$(promtool_ldflags "$ver")"
   local out="$CACHE/$comp-$ver" names=() pkgs=() b
   for b in "$@"; do names+=("${b%%=*}"); pkgs+=("${b#*=}"); done
   # One builder per component at a time (a test session and `make` may both ask); the second
@@ -50,7 +58,7 @@ build() {  # build <component> <module> <binaries...>  (binary = name=package)
   flock -u "$lock"
 }
 
-want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kubernetes etcd helm kwok kueue)
+want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kubernetes etcd helm kwok kueue promtool)
 for c in "${want[@]}"; do
   case "$c" in
     kubernetes) build kubernetes k8s.io/kubernetes \
@@ -63,6 +71,8 @@ for c in "${want[@]}"; do
     helm) build helm helm.sh/helm/v3 helm=helm.sh/helm/v3/cmd/helm ;;
     kwok) build kwok sigs.k8s.io/kwok kwok=sigs.k8s.io/kwok/cmd/kwok ;;
     kueue) build kueue sigs.k8s.io/kueue kueue=sigs.k8s.io/kueue/cmd/kueue ;;
+    promtool) build promtool github.com/prometheus/prometheus \
+      promtool=github.com/prometheus/prometheus/cmd/promtool ;;
     *) echo "unknown component $c" >&2; exit 2 ;;
   esac
 done

@@ -63,3 +63,20 @@ def test_fused_and_unfused_logprobs_give_the_same_step(algorithm, tmp_path, monk
     (fused_grads, fused_loss), (plain_grads, plain_loss) = results[True], results[False]
     assert fused_loss == pytest.approx(plain_loss, rel=1e-5, abs=1e-6)
     assert_same(fused_grads, plain_grads, f"{algorithm}: fused vs unfused head")
+
+
+def test_compiled_chunks_equal_eager(monkeypatch):
+    """The torch.compile'd chunk functions (what CUDA runs) give the eager ones' numbers; compiled
+    here on the CPU, one variant with every branch (entropy, temperature, both upstream grads)."""
+    from rlkube.runtime.engine import fused_head
+    from tests.unit.runtime.test_fused_head import assert_fp32_close, inputs, run
+
+    torch.set_num_threads(1)
+    h, w, y, a, b = inputs(37, 16, 101)
+    eager = run(h, w, y, a, b, chunk=5, temperature=0.7, with_entropy=True)
+    monkeypatch.setattr(fused_head, "COMPILED_ON", ("cpu",))
+    monkeypatch.setattr(fused_head, "_COMPILED", {})
+    compiled = run(h, w, y, a, b, chunk=5, temperature=0.7, with_entropy=True)
+    assert "stats" in fused_head._COMPILED and not fused_head._COMPILED.get("failed")
+    for got, want in zip(compiled, eager, strict=True):
+        assert_fp32_close(got, want)

@@ -14,7 +14,12 @@ Gradients, per row with target y, z = logits / T, p = softmax(z):
   d logp / dz = onehot(y) - p,       d entropy / dz = -p * (log p + entropy),
   grad_hidden = (dz / T) @ W,        grad_W = sum over rows of (dz / T)^T h.
 The softmax, the reductions and the head weight's gradient accumulate in fp32; the matmuls run in
-the weights' dtype (bf16 on GPU), exactly as the unfused path computes its logits.
+the weights' dtype (bf16 on GPU), exactly as the unfused path computes its logits. Between the
+matmuls, `chunk_stats` (forward) and `chunk_grad` (backward) are pure functions of a chunk's raw
+logits; on CUDA they run through torch.compile, which makes each one or two passes over the bf16
+chunk instead of eager torch's several passes over fp32 copies (the memory traffic that would
+otherwise rival the matmuls' time at vocab 151,936); elsewhere, and if compiling fails (warned
+once), they run eagerly, with the same numbers.
 
 `fused=False` gives the unfused path the runtime can switch to (`training.fusedLogprobs: false`):
 one [N, vocab] matmul, fp32 log_softmax, autograd for the rest. It is also the reference the
@@ -25,8 +30,8 @@ tempered distribution, and no entropy; with per-token outputs (reduction="none")
 recomputes the chunks exactly as this one does (its 0.8 releases scaled the head weight's
 gradient after summing over tokens, which is wrong for per-token upstream gradients); it syncs
 with the host once a call (`.item()`), accumulates the weight gradient in the weight's dtype by
-default, and is not installed where the benchmarks run. Its Triton kernel fuses the softmax and
-the gradient into one pass, the part left here to torch's elementwise kernels.
+default, and is not installed where the benchmarks run. What its Triton kernel adds, one pass
+for the softmax and its gradient, torch.compile generates here from `chunk_grad` on CUDA.
 """
 
 from __future__ import annotations
@@ -36,9 +41,77 @@ import torch
 DEFAULT_CHUNK = 4096
 
 
-def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, acc: torch.dtype, temperature: float) -> torch.Tensor:
-    z = (h @ weight.t()).to(acc)  # the matmul in the weights' dtype, then fp32 (a new tensor)
-    return z.div_(temperature) if temperature != 1.0 else z
+def chunk_stats(logits: torch.Tensor, targets: torch.Tensor, acc: torch.dtype, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One chunk's (log-sum-exp, log-prob of the target, entropy or None) from its raw logits."""
+    z = logits.to(acc)
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    picked = z.gather(1, targets[:, None]).squeeze(1) - lse
+    if not with_entropy:
+        return lse, picked, None
+    # -sum p log p, not lse - E_p[z]: that difference cancels when the entropy is small
+    log_p = z - lse[:, None]
+    return lse, picked, -(log_p.exp() * log_p).sum(dim=-1)
+
+
+def chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
+               grad_logps: torch.Tensor | None, grad_entropy: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """d loss / d logits of one chunk, in the logits' dtype, from its recomputed raw logits.
+    (Eager, each line is a pass over an fp32 chunk; names are rebound so that few stay alive.)"""
+    log_p = logits.to(lse.dtype)
+    if temperature != 1.0:
+        log_p = log_p / temperature
+    log_p = log_p - lse[:, None]
+    p = log_p.exp()
+    d = None
+    if grad_entropy is not None:  # d entropy / dz = -p (log p + entropy)
+        d = (log_p + entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None].to(p.dtype))
+    del log_p
+    if grad_logps is not None:  # d logp / dz = onehot(target) - p
+        g = grad_logps[:, None].to(p.dtype)
+        column = torch.arange(p.shape[1], device=p.device)
+        p = torch.where(column[None, :] == targets[:, None], g, 0.0) - p * g
+        d = p if d is None else d.add_(p)
+    if temperature != 1.0:
+        d = d / temperature
+    return d.to(logits.dtype)
+
+
+COMPILED_ON = ("cuda",)  # device types whose chunks run through torch.compile (tests add "cpu")
+_COMPILED: dict[str, object] = {}
+
+
+def _kernels(device: torch.device):
+    """(chunk_stats, chunk_grad): compiled on CUDA, where inductor fuses each into one or two
+    passes over the chunk's bf16 logits (eager torch makes ~6 passes over fp32 copies); eager
+    elsewhere, or when compiling failed (warned once)."""
+    if device.type not in COMPILED_ON or _COMPILED.get("failed"):
+        return chunk_stats, chunk_grad
+    if "stats" not in _COMPILED:
+        # dynamic: the last chunk of every micro-batch has its own length
+        _COMPILED["stats"] = torch.compile(chunk_stats, dynamic=True)
+        _COMPILED["grad"] = torch.compile(chunk_grad, dynamic=True)
+    return _COMPILED["stats"], _COMPILED["grad"]
+
+
+def _call(which: str, device: torch.device, *args):
+    stats, grad = _kernels(device)
+    fn = stats if which == "stats" else grad
+    if fn is chunk_stats or fn is chunk_grad:
+        return fn(*args)
+    try:
+        return fn(*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # an inductor or Triton failure must not stop training
+        from rlkube.runtime.infra.log import warn_once
+
+        warn_once("fused_head_compile", f"torch.compile of the fused lm head failed ({type(e).__name__}: {e}); "
+                  "using its eager version (same numbers, more memory traffic)")
+        _COMPILED["failed"] = True
+        return (chunk_stats if which == "stats" else chunk_grad)(*args)
 
 
 class _FusedHeadLogprobs(torch.autograd.Function):
@@ -52,14 +125,12 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         lse = torch.empty_like(logps)
         entropy = torch.empty_like(logps) if with_entropy else logps.new_empty(0)
         for s in range(0, n, chunk):
-            z = _scaled_logits(hidden[s : s + chunk], weight, acc, temperature)
-            lse_c = torch.logsumexp(z, dim=-1)
-            lse[s : s + chunk] = lse_c
-            logps[s : s + chunk] = z.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse_c
+            logits = hidden[s : s + chunk] @ weight.t()  # in the weights' dtype, as the unfused head
+            lse_c, picked, ent = _call("stats", hidden.device, logits, targets[s : s + chunk], acc, temperature,
+                                       with_entropy)
+            lse[s : s + chunk], logps[s : s + chunk] = lse_c, picked
             if with_entropy:
-                # -sum p log p, not lse - E_p[z]: that difference cancels when the entropy is small
-                log_p = z.sub_(lse_c[:, None])
-                entropy[s : s + chunk] = -(log_p.exp().mul_(log_p)).sum(dim=-1)
+                entropy[s : s + chunk] = ent
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
@@ -75,28 +146,18 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             grad_entropy = None
         if grad_logps is None and grad_entropy is None:
             return None, None, None, None, None, None
-        acc, t, chunk = lse.dtype, ctx.temperature, ctx.chunk
+        chunk = ctx.chunk
         grad_hidden = torch.empty_like(hidden) if need_h else None
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
         for s in range(0, hidden.shape[0], chunk):
-            h = hidden[s : s + chunk]
-            log_p = _scaled_logits(h, weight, acc, t).sub_(lse[s : s + chunk, None])
-            p = log_p.exp()
-            if grad_entropy is not None:
-                # -g_ent * p * (log p + H), built in log_p's buffer
-                d = log_p.add_(entropy[s : s + chunk, None]).mul_(p).mul_(-grad_entropy[s : s + chunk, None].to(acc))
-                if grad_logps is not None:
-                    d.sub_(p.mul_(grad_logps[s : s + chunk, None].to(acc)))
-            else:
-                del log_p
-                d = p.mul_(-grad_logps[s : s + chunk, None].to(acc))
-            if grad_logps is not None:
-                d.scatter_add_(1, targets[s : s + chunk, None], grad_logps[s : s + chunk, None].to(acc))
-            if t != 1.0:
-                d.div_(t)
-            d = d.to(weight.dtype)
+            rows = slice(s, s + chunk)
+            h = hidden[rows]
+            d = _call("grad", hidden.device, h @ weight.t(), targets[rows], lse[rows],
+                      entropy[rows] if ctx.with_entropy else entropy,
+                      None if grad_logps is None else grad_logps[rows],
+                      None if grad_entropy is None else grad_entropy[rows], ctx.temperature)
             if need_h:
-                grad_hidden[s : s + chunk] = d @ weight
+                grad_hidden[rows] = d @ weight
             if need_w:
                 grad_weight.add_(d.t() @ h)
         if grad_weight is not None:

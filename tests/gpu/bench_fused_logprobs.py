@@ -17,7 +17,10 @@ and PPO's losses weigh tokens differently). Cases:
   softmax and gradient run through torch.compile (compiled in the warm-up passes);
 - eager-C: the same without torch.compile (what runs when compiling fails, and on a CPU), at the
   middle chunk size;
-- each again `+entropy` (PPO/GRPO with training.entropyCoef > 0), unless --no-entropy;
+- each again `+entropy` (PPO/GRPO with training.entropyCoef > 0), unless --no-entropy, and
+  `+frozen-head` (the head weight needs no gradient, as with LoRA: the fused path then computes
+  each row's gradient direction in the forward pass and needs no logits in the backward, two
+  head matmuls instead of three), unless --no-frozen;
 - liger: liger-kernel's fused linear cross-entropy with reduction="none" (its -log-prob), only
   when liger_kernel imports.
 Measured per case: forward + backward milliseconds (median of --repeats after --warmup, CUDA
@@ -112,41 +115,42 @@ def case_fn(name: str, chunk: int | None, entropy: bool):
     return ours
 
 
-def one_pass(fn, inputs, backward: bool):
+def one_pass(fn, inputs, backward: bool, frozen: bool = False):
     hidden, weight, targets, up, up_ent = inputs
     if not backward:
         with torch.no_grad():
             return fn(hidden, weight, targets)
     h = hidden.detach().requires_grad_()
-    w = weight.detach().requires_grad_()
+    w = weight.detach().requires_grad_(not frozen)
     logps, ent = fn(h, w, targets)
     loss = (up * logps).sum() + ((up_ent * ent).sum() if ent is not None else 0.0)
     loss.backward()
     return logps.detach(), None if ent is None else ent.detach(), h.grad, w.grad
 
 
-def timed_ms(fn, inputs, backward: bool, args, cuda: bool) -> float:
+def timed_ms(fn, inputs, backward: bool, args, cuda: bool, frozen: bool = False) -> float:
     times = []
     for i in range(args.warmup + args.repeats):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            one_pass(fn, inputs, backward)
+            one_pass(fn, inputs, backward, frozen)
             end.record()
             torch.cuda.synchronize()
             elapsed = start.elapsed_time(end)
         else:
             t0 = time.perf_counter()
-            one_pass(fn, inputs, backward)
+            one_pass(fn, inputs, backward, frozen)
             elapsed = (time.perf_counter() - t0) * 1e3
         if i >= args.warmup:
             times.append(elapsed)
     return statistics.median(times)
 
 
-def run_case(name, chunk, entropy, inputs, args, cuda) -> tuple[dict, tuple | None]:
-    label = name + (f"-{chunk}" if chunk else "") + ("+entropy" if entropy else "")
-    row = {"case": label, "chunk": chunk, "entropy": entropy}
+def run_case(name, chunk, variant, inputs, args, cuda) -> tuple[dict, tuple | None]:
+    label = name + (f"-{chunk}" if chunk else "") + variant
+    entropy, frozen = variant == "+entropy", variant == "+frozen-head"
+    row = {"case": label, "chunk": chunk, "variant": variant}
     fn = case_fn(name, chunk, entropy)
     try:
         gc.collect()
@@ -155,7 +159,7 @@ def run_case(name, chunk, entropy, inputs, args, cuda) -> tuple[dict, tuple | No
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-        outputs = one_pass(fn, inputs, backward=True)
+        outputs = one_pass(fn, inputs, True, frozen)
         if cuda:
             torch.cuda.synchronize()
             row["peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / GIB, 3)
@@ -163,11 +167,11 @@ def run_case(name, chunk, entropy, inputs, args, cuda) -> tuple[dict, tuple | No
         compiled_on, fused_head.COMPILED_ON = fused_head.COMPILED_ON, ()
         try:
             with LargestTensor() as largest:
-                one_pass(fn, inputs, backward=True)
+                one_pass(fn, inputs, True, frozen)
         finally:
             fused_head.COMPILED_ON = compiled_on
         row["largest_tensor_gib"] = round(largest.bytes / GIB, 4)
-        row["fwd_bwd_ms"] = round(timed_ms(fn, inputs, True, args, cuda), 2)
+        row["fwd_bwd_ms"] = round(timed_ms(fn, inputs, True, args, cuda, frozen), 2)
         row["fwd_nograd_ms"] = round(timed_ms(fn, inputs, False, args, cuda), 2)
         if name == "fused":
             row["compiled"] = cuda and not fused_head._COMPILED.get("failed", False)
@@ -191,6 +195,8 @@ def self_check(row: dict, outputs, reference, dtype) -> bool:
     if outputs[1] is not None and reference[1] is not None:
         diffs["entropy_max_abs"] = float((outputs[1] - reference[1]).abs().max())
     for i, name in ((2, "grad_hidden_rel_l2"), (3, "grad_weight_rel_l2")):
+        if reference[i] is None:  # a frozen head has no gradient
+            continue
         got, want = outputs[i].float(), reference[i].float()
         diffs[name] = float((got - want).norm() / want.norm())
     ok = all(v <= value_tol for k, v in diffs.items() if k.endswith("max_abs")) and all(
@@ -200,14 +206,14 @@ def self_check(row: dict, outputs, reference, dtype) -> bool:
 
 
 def table(rows: list[dict]) -> str:
-    base = {r["entropy"]: r for r in rows if r["case"].startswith("unfused") and "error" not in r}
+    base = {r["variant"]: r for r in rows if r["case"].startswith("unfused") and "error" not in r}
     lines = [f"{'case':<22}{'fwd+bwd ms':>12}{'vs unfused':>12}{'no-grad ms':>12}{'peak GiB':>10}"
              f"{'largest GiB':>13}  check"]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['case']:<22}{r['error']:>12}")
             continue
-        ref = base.get(r["entropy"])
+        ref = base.get(r["variant"])
         ratio = f"{ref['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x" if ref else "-"
         peak = f"{r['peak_gib']:.2f}" if "peak_gib" in r else "-"
         check = "ok" if r.get("check", {}).get("ok", True) else "FAIL"
@@ -218,15 +224,16 @@ def table(rows: list[dict]) -> str:
 
 def cases(args) -> list[tuple[str, int | None, bool]]:
     out = []
-    for entropy in ([False] if args.no_entropy else [False, True]):
-        out.append(("unfused", None, entropy))
-        out += [("fused", c, entropy) for c in args.chunks]
+    variants = [""] + ([] if args.no_entropy else ["+entropy"]) + ([] if args.no_frozen else ["+frozen-head"])
+    for variant in variants:
+        out.append(("unfused", None, variant))
+        out += [("fused", c, variant) for c in args.chunks]
         if args.eager:
-            out.append(("eager", args.chunks[len(args.chunks) // 2], entropy))
+            out.append(("eager", args.chunks[len(args.chunks) // 2], variant))
     try:
         import liger_kernel  # noqa: F401
 
-        out.append(("liger", None, False))
+        out.append(("liger", None, ""))
     except ImportError:
         pass
     return out
@@ -242,6 +249,7 @@ def parse(argv=None):
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--chunks", default="2048,4096,8192", help="tokens a chunk of the fused cases, comma-separated")
     p.add_argument("--no-entropy", action="store_true", help="skip the +entropy cases")
+    p.add_argument("--no-frozen", action="store_true", help="skip the +frozen-head cases")
     p.add_argument("--no-eager", dest="eager", action="store_false",
                    help="skip the eager-C cases (the fused path without torch.compile, middle chunk size)")
     p.add_argument("--warmup", type=int, default=2)
@@ -267,13 +275,13 @@ def main(argv=None) -> int:
     if not cuda:
         fused_head.COMPILED_ON = ()  # a dry run: no minutes of CPU compilation
     rows, reference, ok, t0 = [], {}, True, time.perf_counter()
-    for name, chunk, entropy in cases(args):
-        row, outputs = run_case(name, chunk, entropy, inputs, args, cuda)
+    for name, chunk, variant in cases(args):
+        row, outputs = run_case(name, chunk, variant, inputs, args, cuda)
         if name == "unfused":
-            reference[entropy] = outputs
+            reference[variant] = outputs
         else:
             # liger is a peer: its differences are printed, only ours decide the exit code
-            checked = self_check(row, outputs, reference.get(entropy), getattr(torch, args.dtype))
+            checked = self_check(row, outputs, reference.get(variant), getattr(torch, args.dtype))
             ok &= checked or name == "liger"
         del outputs
         rows.append(row)

@@ -82,19 +82,25 @@ def test_fused_gradcheck_with_entropy_and_temperature():
     assert torch.autograd.gradcheck(lambda hh, ww: both(hh, ww)[0], (h, w))
 
 
-def test_frozen_head_and_frozen_hidden():
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_frozen_head_and_frozen_hidden(temperature):
+    """A frozen head (LoRA) takes the path that computes each row's gradient direction in the
+    forward pass; frozen hidden states the one that only reduces into the head's gradient."""
     h, w, y, a, _ = inputs(13, 8, 29)
-    want = run(h, w, y, a, None, fused=False)
+    want = run(h, w, y, a, None, fused=False, temperature=temperature)
     w.requires_grad_(False)
     h.grad = None
-    logps = head_logprobs(h, w, y, chunk=4)[0]
+    logps = head_logprobs(h, w, y, chunk=4, temperature=temperature)[0]
+    assert_fp32_close(logps.detach(), want[0])
     (a * logps).sum().backward()
     assert_fp32_close(h.grad, want[2])
     h2 = h.detach()
     w.requires_grad_(True)
     w.grad = None
-    (a * head_logprobs(h2, w, y, chunk=4)[0]).sum().backward()
+    (a * head_logprobs(h2, w, y, chunk=4, temperature=temperature)[0]).sum().backward()
     assert_fp32_close(w.grad, want[3])
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double()
+    assert torch.autograd.gradcheck(lambda hh: head_logprobs(hh, w64, y, chunk=4, temperature=temperature)[0], (h64,))
 
 
 def test_empty_batch_keeps_the_head_in_the_graph():
@@ -170,6 +176,27 @@ def test_sequence_logprobs_fused_equals_unfused_with_a_tied_head():
     plain_loss, plain = grads_of(SequenceLogprobs(lm, fused=False), loss)
     assert_fp32_close(fused_loss, plain_loss)
     assert "lm.model.embed_tokens.weight" in fused  # the tied head's gradient lands here
+    assert_same_grads(fused, plain)
+
+
+def test_sequence_logprobs_fused_equals_unfused_with_a_frozen_head():
+    """LoRA's case: the head (untied) is frozen, the body trains."""
+    tok = ByteTokenizer()
+    g = torch.Generator().manual_seed(3)
+    rand = lambda k: torch.randint(0, 256, (k,), generator=g).tolist()  # noqa: E731
+    data = PreferenceData(prompts=[rand(4), rand(9)], chosen=[rand(5), rand(3)], rejected=[rand(6), rand(2)])
+    batch = pack_pairs(data, [0, 1], tok.bos_id, tok.eos_id, explicit_mask=True)
+    lm = tiny_lm(tied=False)
+    lm.get_output_embeddings().weight.requires_grad_(False)
+    weights = torch.randn(4, generator=g)
+
+    def loss(module):
+        return (weights * module(batch)).sum()
+
+    fused_loss, fused = grads_of(SequenceLogprobs(lm, chunk=3, fused=True), loss)
+    plain_loss, plain = grads_of(SequenceLogprobs(lm, fused=False), loss)
+    assert_fp32_close(fused_loss, plain_loss)
+    assert "lm.lm_head.weight" not in fused and "lm.model.embed_tokens.weight" in fused
     assert_same_grads(fused, plain)
 
 

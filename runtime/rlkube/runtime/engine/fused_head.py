@@ -118,34 +118,44 @@ class _FusedHeadLogprobs(torch.autograd.Function):
     """(hidden [N, d], weight [V, d], targets [N]) -> (log-probs [N], entropy [N] or [0])."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk: int, temperature: float, with_entropy: bool):
+    def forward(ctx, hidden, weight, targets, chunk: int, temperature: float, with_entropy: bool,
+                frozen_head: bool):
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 in gradcheck
         n = hidden.shape[0]
         logps = torch.empty(n, dtype=acc, device=hidden.device)
         lse = torch.empty_like(logps)
         entropy = torch.empty_like(logps) if with_entropy else logps.new_empty(0)
+        # frozen head (LoRA, a frozen lm_head), log-probs only: grad_hidden_i = g_i * ((onehot - p_i) / T) @ W,
+        # and the row's vector is known now; kept ([N, d]), the backward needs no logits at all
+        direction = torch.empty(hidden.shape, dtype=acc, device=hidden.device) if frozen_head else lse.new_empty(0)
         for s in range(0, n, chunk):
-            logits = hidden[s : s + chunk] @ weight.t()  # in the weights' dtype, as the unfused head
-            lse_c, picked, ent = _call("stats", hidden.device, logits, targets[s : s + chunk], acc, temperature,
-                                       with_entropy)
-            lse[s : s + chunk], logps[s : s + chunk] = lse_c, picked
+            rows = slice(s, s + chunk)
+            logits = hidden[rows] @ weight.t()  # in the weights' dtype, as the unfused head
+            lse_c, picked, ent = _call("stats", hidden.device, logits, targets[rows], acc, temperature, with_entropy)
+            lse[rows], logps[rows] = lse_c, picked
             if with_entropy:
-                entropy[s : s + chunk] = ent
+                entropy[rows] = ent
+            if frozen_head:
+                d = _call("grad", hidden.device, logits, targets[rows], lse_c, entropy, torch.ones_like(lse_c), None,
+                          temperature)
+                direction[rows] = d @ weight
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
-        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.chunk, ctx.temperature, ctx.with_entropy = chunk, temperature, with_entropy
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy, direction)
+        ctx.chunk, ctx.temperature, ctx.with_entropy, ctx.frozen_head = chunk, temperature, with_entropy, frozen_head
         ctx.set_materialize_grads(False)
         return logps, entropy
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy):
-        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        hidden, weight, targets, lse, entropy, direction = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if not ctx.with_entropy:
             grad_entropy = None
         if grad_logps is None and grad_entropy is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
+        if ctx.frozen_head:
+            return (grad_logps[:, None].to(direction.dtype) * direction).to(hidden.dtype), *(None,) * 6
         chunk = ctx.chunk
         grad_hidden = torch.empty_like(hidden) if need_h else None
         grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
@@ -162,7 +172,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 grad_weight.add_(d.t() @ h)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def _materialized(hidden, weight, targets, temperature: float, with_entropy: bool):
@@ -190,7 +200,8 @@ def head_logprobs(
         return empty, (empty if with_entropy else None)
     if not fused:
         return _materialized(hidden, weight, targets, temperature, with_entropy)
-    logps, entropy = _FusedHeadLogprobs.apply(hidden, weight, targets, chunk, temperature, with_entropy)
+    frozen_head = torch.is_grad_enabled() and hidden.requires_grad and not weight.requires_grad and not with_entropy
+    logps, entropy = _FusedHeadLogprobs.apply(hidden, weight, targets, chunk, temperature, with_entropy, frozen_head)
     return logps, (entropy if with_entropy else None)
 
 

@@ -157,6 +157,11 @@ def test_attention_reads_only_the_live_bucket(monkeypatch):
     # each read covers the slots written so far: prompt (8) + tokens fed
     for step, read_len in enumerate(reads):
         assert read_len >= 8 + step + 1, (step, read_len)
+    # one bucket (the ablation): every step reads the whole cache, same tokens
+    reads.clear()
+    decoder.length_buckets = 1
+    assert torch.equal(decoder.generate(ids, mask, params).response_ids, out.response_ids)
+    assert set(reads) == {256}
 
 
 def test_eos_is_checked_every_few_steps(monkeypatch):

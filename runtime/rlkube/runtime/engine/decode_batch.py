@@ -111,9 +111,9 @@ class DecodeBatch:
         self.decoder, self.params = decoder, params
         self.rows, self.prompt_len = rows, prompt_len
         self.weights = tuple(p.data_ptr() for p in model.parameters())
-        self.key = (rows, prompt_len, params, self.weights)
+        self.key = (rows, prompt_len, params, self.weights, decoder.length_buckets)
         self.length = _round_up(prompt_len + params.max_new_tokens, LENGTH_STEP)
-        self.buckets = read_buckets(prompt_len, params.max_new_tokens, self.length)
+        self.buckets = read_buckets(prompt_len, params.max_new_tokens, self.length, decoder.length_buckets)
         self.cache = SlotCache(model.config.num_hidden_layers, rows, self.length, device)
         self.rng = torch.Generator(device=device)
         self.mask = decoder._bias(torch.zeros(rows, 1, 1, self.length, dtype=torch.bool, device=device))

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlkube.runtime.engine.decode_batch import BUCKETS, DecodeBatch, decode
 from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
-from rlkube.runtime.engine.decode_batch import DecodeBatch, decode
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,7 @@ class Decoder:
         self.batch_rows, self.refill = batch_rows, refill
         self._cache_kwarg = _cache_kwarg(model)
         self.gqa_decode = True  # see _gqa_decode_attention; off only to measure its effect
+        self.length_buckets = BUCKETS  # read-length buckets (graphs) per cache; 1 only to measure their effect
         self._batch = None
         self.last_capture_seconds = 0.0
         self.last_stats: dict = {}
@@ -293,7 +294,7 @@ class Decoder:
 
     def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
         weights = tuple(p.data_ptr() for p in self.model.parameters())
-        if self._batch is not None and self._batch.key == (rows, prompt_len, params, weights):
+        if self._batch is not None and self._batch.key == (rows, prompt_len, params, weights, self.length_buckets):
             return self._batch
         self._batch = None  # one cache resident at a time: drop the old one before allocating
         try:

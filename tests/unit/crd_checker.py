@@ -19,6 +19,8 @@ import functools
 import re
 from typing import Any
 
+from rlkube.operator.pod_rules import quantity_value
+
 # ---------------------------------------------------------------------------------------------
 # Defaulting and structural validation
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +167,12 @@ _TOKEN = re.compile(
     r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
     r"|(?P<op>&&|\|\||==|!=|<=|>=|[-+*/%<>!?:().,\[\]]))"
 )
+# The few methods of the Kubernetes CEL libraries the CRD's rules use (strings, quantities).
+_METHODS = {
+    "matches": lambda target, pattern: re.search(pattern, target) is not None,
+    "startsWith": lambda target, prefix: target.startswith(prefix),
+    "compareTo": lambda left, right: (left > right) - (left < right),
+}
 _BINARY = {
     "||": 1, "&&": 2,
     "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "in": 3,
@@ -265,6 +273,11 @@ class _Parser:
         if kind == "name":
             if text in ("true", "false"):
                 return ("lit", text == "true")
+            if text == "quantity":
+                self.take("(")
+                argument = self.expression()
+                self.take(")")
+                return ("quantity", argument)
             if text == "has":
                 self.take("(")
                 target = self.postfix(self.primary())
@@ -290,6 +303,10 @@ class _Parser:
                 elif name == "size":
                     self.take(")")
                     node = ("size", node)
+                elif name in _METHODS:
+                    argument = self.expression()
+                    self.take(")")
+                    node = ("method", name, node, argument)
                 else:
                     raise CelError(f"unsupported function {name}")
             else:
@@ -319,6 +336,15 @@ def _eval(node: tuple, env: dict[str, Any]) -> Any:
         return -_eval(node[1], env)
     if tag == "size":
         return len(_eval(node[1], env))
+    if tag == "quantity":
+        value = quantity_value(_eval(node[1], env))
+        if value is None:
+            raise CelRuntimeError("invalid quantity")
+        return value
+    if tag == "method":
+        _, name, target_node, argument_node = node
+        target, argument = _eval(target_node, env), _eval(argument_node, env)
+        return _METHODS[name](target, argument)
     if tag == "?":
         return _eval(node[2], env) if _bool(_eval(node[1], env)) else _eval(node[3], env)
     if tag == "macro":

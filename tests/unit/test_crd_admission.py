@@ -176,8 +176,13 @@ def test_the_cel_subset_evaluator_is_not_vacuous():
     assert evaluate("!self.exists(c, c == 143)", {"self": [3, 4]}) is True
     with pytest.raises(CelError):
         evaluate("self.missing == 1", {"self": {}})
+    assert evaluate("self.all(k, k.matches('^[a-z]+$'))", {"self": {"ab": "1", "c": "2"}}) is True
+    assert evaluate("self.all(k, k.matches('^[a-z]+$'))", {"self": {"ab": "1", "C": "2"}}) is False
+    assert evaluate("self.startsWith('/')", {"self": "ckpt"}) is False
+    assert evaluate("quantity(self.r).compareTo(quantity(self.l)) <= 0", {"self": {"r": "1500m", "l": "2"}}) is True
+    assert evaluate("quantity(self.r).compareTo(quantity(self.l)) <= 0", {"self": {"r": "2G", "l": "1Gi"}}) is False
     with pytest.raises(CelError):
-        evaluate("self.matches('x')", {"self": "x"})
+        evaluate("self.endsWith('x')", {"self": "x"})
 
 
 def _nodes(node: dict, path: str = ""):

@@ -39,7 +39,7 @@ DEFAULT_TOPOLOGY_KEYS = (
 # A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
 LABEL_KEY_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 LABEL_KEY_MAX = 317  # 253 (prefix) + 1 + 63 (name)
 LABEL_VALUE_MAX = 63

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkube.operator import pod_rules
 from rlkube.runtime.contract.algorithm_settings import DPO_ONLY_FIELDS
 from rlkube.runtime.contract.config import ROLE_NAMES, BatchingSpec, DataSpec, RolloutSpec, Spec, TrainingSpec
 
@@ -288,7 +289,16 @@ MODEL_RULES: dict[str, list[dict]] = {
             ".tolerationSeconds",
         ),
     ],
-    "RLTrainingJobSpec": [*_spec_rules(), *_algorithm_setting_rules()],
+    "RLTrainingJobSpec": [
+        *_spec_rules(),
+        *_algorithm_setting_rules(),
+        *(_rule(rule, message, path) for rule, message, path in pod_rules.mount_path_cel()),
+    ],
+    "PodResources": [
+        _rule(pod_rules.requests_within_limits_cel(wire), f"requests.{wire}: must be <= limits.{wire}", ".requests")
+        for _, wire in pod_rules.RESOURCE_FIELDS
+    ],
+    "PodSecurity": [_rule(pod_rules.NON_ROOT_AS_ROOT_CEL, pod_rules.NON_ROOT_AS_ROOT, ".runAsNonRoot")],
 }
 
 FIELD_RULES: dict[tuple[str, str], list[dict]] = {
@@ -301,6 +311,10 @@ FIELD_RULES: dict[tuple[str, str], list[dict]] = {
             "each mountPath must be unique",
         ),
         _rule("self.all(v, v.name != 'checkpoints')", "name 'checkpoints' is reserved for the checkpoint volume"),
+    ],
+    ("RLTrainingJobSpec", "nodeSelector"): [
+        _rule(pod_rules.label_keys_cel(), "every key must be a label key: an optional DNS-subdomain prefix and "
+              "'/', then a name of 1-63 characters, starting and ending alphanumeric")
     ],
     ("RunPolicySpec", "failOnExitCodes"): [
         _rule(

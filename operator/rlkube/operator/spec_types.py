@@ -28,6 +28,13 @@ from rlkube.operator.api_limits import (
     QUANTITY_MAX_LEN,
     QUANTITY_PATTERN,
 )
+from rlkube.operator.pod_rules import (
+    NON_ROOT_AS_ROOT,
+    RESOURCE_FIELDS,
+    label_key_problem,
+    mount_path_problems,
+    request_above_limit,
+)
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
@@ -208,6 +215,17 @@ class PodResources(Spec):
         default_factory=ResourceList, description="Most each pod may use (memory: OOM-killed above)."
     )
 
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> PodResources:
+        problems = [
+            problem
+            for field, wire in RESOURCE_FIELDS
+            if (problem := request_above_limit(wire, getattr(self.requests, field), getattr(self.limits, field)))
+        ]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
 
 class Toleration(Spec):
     """A pod toleration, as in the Pod API."""
@@ -215,11 +233,15 @@ class Toleration(Spec):
     key: str | None = Field(
         default=None,
         max_length=LABEL_KEY_MAX,
+        pattern=LABEL_KEY_PATTERN,
         description="Taint key the toleration matches; unset with operator Exists matches all taints.",
     )
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="How key and value match.")
     value: str | None = Field(
-        default=None, max_length=LABEL_VALUE_MAX, description="Taint value (operator Equal)."
+        default=None,
+        max_length=LABEL_VALUE_MAX,
+        pattern=LABEL_VALUE_PATTERN,
+        description="Taint value (operator Equal).",
     )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect matched; unset matches all effects."
@@ -253,6 +275,12 @@ class PodSecurity(Spec):
     run_as_non_root: bool | None = Field(
         default=None, description="Refuse to start a container whose user is root."
     )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PodSecurity:
+        if self.run_as_non_root and self.run_as_user == 0:
+            raise ValueError(NON_ROOT_AS_ROOT)
+        return self
 
 
 class VolumeSpec(Spec):
@@ -374,6 +402,14 @@ class RLTrainingJobSpec(Spec):
         description="Extra volumes mounted into every pod: model weights, data sets.",
     )
 
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, selector: dict[str, str]) -> dict[str, str]:
+        problems = [f"key {key!r}: {problem}" for key in selector if (problem := label_key_problem(key))]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return selector
+
     @field_validator("volumes")
     @classmethod
     def _unique_volumes(cls, volumes: list[VolumeSpec]) -> list[VolumeSpec]:
@@ -402,6 +438,9 @@ class RLTrainingJobSpec(Spec):
             if role.function is not None and role.model is not None:
                 problems.append(f"roles.{name}: set model or function, not both")
         problems.extend(algorithm_setting_problems(self))
+        problems.extend(
+            mount_path_problems(self.checkpoint.dir, self.export.dir, [v.mount_path for v in self.volumes])
+        )
         total = self.total_gpus()
         if total < 1:
             problems.append(f"roles: the roles' gpus must add up to >= 1, got {total}")

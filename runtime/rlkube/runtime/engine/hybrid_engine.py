@@ -82,6 +82,10 @@ class HybridEngine:
         # unshard, so graphs would be re-captured per rollout. The Decoder notices (it keys its
         # graphs on the parameters' addresses) and re-captures only then.
         self.decoder = Decoder(policy.lm, static_cache=static_cache, cuda_graphs=cuda_graphs)
+        if self.units:
+            # Sharded: every rollout re-captures, so one graph over the whole cache costs less
+            # than capturing one per read-length bucket to save a share of the attention reads.
+            self.decoder.length_buckets = 1
         self.reshard_seconds = 0.0  # unshard + reshard, cumulative
         self.offload_seconds = 0.0
         self.generating = False

@@ -175,6 +175,7 @@ def run_case(name, chunk, variant, inputs, args, cuda) -> tuple[dict, tuple | No
         row["fwd_nograd_ms"] = round(timed_ms(fn, inputs, False, args, cuda), 2)
         if name == "fused":
             row["compiled"] = cuda and not fused_head._COMPILED.get("failed", False)
+            row["fallbacks"] = sorted(fused_head._FALLBACKS)  # fast paths that failed (warned) in this run
         return row, outputs
     except torch.OutOfMemoryError:
         row["error"] = "out of memory"

@@ -8,7 +8,8 @@ hidden 512, the weight at HF's init scale. Tolerances as in tests/unit/runtime/t
 for bf16: log-probs and entropy within 2e-3 absolute (both are fp32 over the same bf16 logits; the
 matmul may tile differently for a chunk than for all rows), gradients within 2e-2 relative L2
 (the unfused path rounds its [N, vocab] gradient to bf16 once, the fused one chunk by chunk).
-Each case also asserts the compiled path ran (a compile failure falls back to eager and warns).
+Each case also asserts the compiled path ran (a compile failure falls back to eager and warns),
+and that the head's weight gradient was summed by addmm with an fp32 output.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def run(fused: bool, temperature: float, with_entropy: bool, frozen: bool):
 def test_compiled_fused_head_equals_unfused(temperature, with_entropy, frozen):
     fused = run(True, temperature, with_entropy, frozen)
     assert "stats" in fused_head._COMPILED and not fused_head._COMPILED.get("failed")
+    assert not fused_head._FALLBACKS  # the head's weight gradient went through addmm's fp32 output
     plain = run(False, temperature, with_entropy, frozen)
     torch.testing.assert_close(fused[0], plain[0], rtol=0, atol=2e-3)
     if with_entropy:

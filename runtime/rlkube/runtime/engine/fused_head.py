@@ -81,6 +81,7 @@ def chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, e
 
 COMPILED_ON = ("cuda",)  # device types whose chunks run through torch.compile (tests add "cpu")
 _COMPILED: dict[str, object] = {}
+_FALLBACKS: set[str] = set()  # fast paths that failed once in this process (each warned once)
 
 
 def _kernels(device: torch.device):
@@ -112,6 +113,23 @@ def _call(which: str, device: torch.device, *args):
                   "using its eager version (same numbers, more memory traffic)")
         _COMPILED["failed"] = True
         return (chunk_stats if which == "stats" else chunk_grad)(*args)
+
+
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b with an fp32 `acc`: on CUDA cuBLAS writes the bf16 product's fp32 sum straight
+    into it (no [vocab, d] bf16 temporary rounded once a chunk, no separate add pass)."""
+    if acc.is_cuda and a.dtype in (torch.bfloat16, torch.float16) and acc.dtype == torch.float32 \
+            and "addmm_out_dtype" not in _FALLBACKS:
+        try:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+            return
+        except (RuntimeError, TypeError, NotImplementedError) as e:  # not seen; a torch without it
+            from rlkube.runtime.infra.log import warn_once
+
+            warn_once("fused_head_addmm", f"addmm with out_dtype failed ({e}); the head's weight gradient "
+                      "is summed through a bf16 product instead")
+            _FALLBACKS.add("addmm_out_dtype")
+    acc.add_(a @ b)  # addmm's out_dtype has no CPU kernel
 
 
 class _FusedHeadLogprobs(torch.autograd.Function):
@@ -169,7 +187,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             if need_h:
                 grad_hidden[rows] = d @ weight
             if need_w:
-                grad_weight.add_(d.t() @ h)
+                _accumulate(grad_weight, d.t(), h)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None

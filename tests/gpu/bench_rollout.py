@@ -31,8 +31,9 @@ EOS-on case (`--eos-prompts`, default 1024 prompts on `--eos-rows` 256 decode ro
 same for every side, so each step ends a completion with a constant probability (a random-init
 model never says EOS by itself). Lengths are then geometric (median `--eos-median`, long
 tail, ~3% reach the limit): within a wave of 256 rows the longest row holds the batch. Rows:
-rlkube with refill (a finished row takes the next waiting prompt), rlkube in waves (refill
-off), HF static-cache compiled in waves of the same rows. tokens/s counts each side's own
+rlkube with refill (a finished row takes the next waiting prompt; once none waits, the busy
+rows move into smaller batches), rlkube in waves (refill off), rlkube with refill but without
+that compaction, HF static-cache compiled in waves of the same rows. tokens/s counts each side's own
 generated tokens (its samples differ, so the realized lengths are printed per side).
 """
 
@@ -164,13 +165,17 @@ def eos_case(model, args, device, setup) -> dict:
         decoder = Decoder(model, batch_rows=rows)
         run_ours(decoder, ids[:rows], mask[:rows], new, device, 11, eos)
         rec["graph_capture_s"] = decoder.last_capture_seconds
-        for name, refill in (("refill", True), ("waves", False)):
-            decoder.refill = refill
+        for name, refill, compact in (("refill", True, True), ("waves", False, True),
+                                      ("refill_no_compaction", True, False)):
+            decoder.refill, decoder.compact = refill, compact
             seconds, out = run_ours(decoder, ids, mask, new, device, 12, eos)
             rec[f"ours_{name}_tokens_per_s"] = out.generated_tokens / seconds
             rec[f"ours_{name}_s"] = seconds
             rec[f"ours_{name}_steps"] = decoder.last_stats["steps"]
             rec[f"ours_{name}_lengths"] = lengths_summary(out.response_lengths.cpu())
+            stats = decoder.last_stats
+            rec[f"ours_{name}_row_occupancy"] = stats["row_steps_busy"] / stats["row_steps"]
+            rec[f"ours_{name}_compactions"] = stats["compactions"]
         decoder.release()
         hf_s, hf_tokens = 0.0, 0
         waves = [slice(i, i + rows) for i in range(0, args.eos_prompts, rows)]
@@ -256,11 +261,13 @@ def print_tables(results: list[dict]) -> None:
     for r in results:
         if "rows" not in r:
             continue
-        print("\n| case | ours refill tok/s | ours waves tok/s | HF static compiled (waves) tok/s | "
-              "refill / HF static | refill / waves | steps refill/waves | lengths p50/p90/max (refill) |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("\n| case | ours refill tok/s | ours waves tok/s | ours refill, no compaction tok/s | "
+              "HF static compiled (waves) tok/s | refill / HF static | refill / waves | steps refill/waves | "
+              "lengths p50/p90/max (refill) |")
+        print("|---|---|---|---|---|---|---|---|---|")
         lengths = r["ours_refill_lengths"]
         print(f"| {r['case']} | {r['ours_refill_tokens_per_s']:,.0f} | {r['ours_waves_tokens_per_s']:,.0f} | "
+              f"{r['ours_refill_no_compaction_tokens_per_s']:,.0f} | "
               f"{r['hf_static_tokens_per_s']:,.0f} | {r['ratio_refill_vs_hf_static']:.2f}x | "
               f"{r['ratio_refill_vs_waves']:.2f}x | {r['ours_refill_steps']}/{r['ours_waves_steps']} | "
               f"{lengths['p50']:.0f}/{lengths['p90']:.0f}/{lengths['max']} |")

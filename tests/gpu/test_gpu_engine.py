@@ -13,7 +13,8 @@ Without CUDA every test here is skipped.
   so the comparison can fail).
 - greedy decoding with the static cache and CUDA graphs (the rollout path) gives the tokens of
   the eager path (dynamic cache, no graphs), also through the hybrid engine, and on a replay of
-  the captured graph; with 3 rows refilled at EOS over 10 prompts too. float32 with TF32 off and
+  the captured graph; with 3 rows refilled at EOS over 10 prompts (and the drain compacted)
+  too. float32 with TF32 off and
   a sharpened head, so no argmax is a near-tie. Sampling inside the graph repeats for one seed.
 """
 
@@ -111,10 +112,13 @@ def test_greedy_tokens_with_cuda_graphs_and_static_cache_equal_the_eager_path(fp
     assert want.response_ids.shape[1] > 1
 
 
-def test_refilled_rows_in_cuda_graphs_give_the_eager_greedy_tokens_and_sampling_is_seeded(fp32_exact):
+def test_refilled_rows_in_cuda_graphs_give_the_eager_greedy_tokens_and_sampling_is_seeded(fp32_exact, monkeypatch):
     """Continuous batching on the GPU: 10 prompts on 3 rows, refilled at EOS, every step a graph
     replay (sampling inside), give the plain eager loop's greedy tokens in prompt order; sampled
     runs in graphs repeat for one seed and differ for another."""
+    from rlkube.runtime.engine import decode_batch
+
+    monkeypatch.setattr(decode_batch, "COMPACT_MIN_ROWS", 1)  # the drain moves into 1-row graphs too
     lm = tiny_lm(torch.float32)
     with torch.no_grad():
         lm.lm_head.weight.mul_(30.0)
@@ -129,6 +133,7 @@ def test_refilled_rows_in_cuda_graphs_give_the_eager_greedy_tokens_and_sampling_
         assert decoder.cuda_graphs and decoder._batch.graphs, "graph capture failed; decoded eagerly"
         assert torch.equal(got.response_ids, want.response_ids), refill
         assert torch.equal(got.response_mask, want.response_mask), refill
+        assert all(b.graphs for b in decoder._smaller.values()), "a compacted batch decoded eagerly"
     sampled = SamplingParams(max_new_tokens=32, temperature=1.0, eos_token_id=eos, pad_token_id=PAD)
     decoder = Decoder(lm, batch_rows=3)
     runs = [decoder.generate(ids, mask, sampled, torch.Generator(DEVICE).manual_seed(s)).response_ids

@@ -55,15 +55,16 @@ def eos_with_spread(model, ids, mask, steps):
 
 
 @pytest.mark.parametrize("model_type,attn", [("qwen2", "sdpa"), ("llama", "eager")])
-def test_refilled_rows_give_the_plain_loops_greedy_tokens_in_prompt_order(model_type, attn):
+def test_refilled_rows_give_the_plain_loops_greedy_tokens_in_prompt_order(model_type, attn, monkeypatch):
+    monkeypatch.setattr(decode_batch, "COMPACT_MIN_ROWS", 1)  # compaction of the drain, down to one row
     model = sharp_model(model_type, attn)
     prompts = mixed_prompts(11)
     ids, mask = left_padded(prompts)
-    eos = eos_with_spread(model, ids, mask, 20)
-    params = SamplingParams(max_new_tokens=20, temperature=0.0, eos_token_id=eos, pad_token_id=PAD)
+    eos = eos_with_spread(model, ids, mask, 40)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, eos_token_id=eos, pad_token_id=PAD)
     want = Decoder(model, static_cache=False).generate(ids, mask, params)
     lengths = want.response_lengths.tolist()
-    assert len(set(lengths)) >= 3 and max(lengths) == 20, lengths  # EOS ends rows at different steps
+    assert len(set(lengths)) >= 3 and max(lengths) == 40, lengths  # EOS ends rows at different steps
     for rows, refill in [(None, True), (3, True), (3, False), (1, True), (4, True)]:
         decoder = Decoder(model, batch_rows=rows, refill=refill)
         got = decoder.generate(ids, mask, params)
@@ -72,6 +73,8 @@ def test_refilled_rows_give_the_plain_loops_greedy_tokens_in_prompt_order(model_
         assert torch.equal(got.response_ids, want.response_ids), (rows, refill)
         assert torch.equal(got.response_mask, want.response_mask), (rows, refill)
         assert torch.equal(got.prompt_ids, ids)
+        if rows is None:
+            assert decoder.last_stats["compactions"] >= 1, decoder.last_stats
         if rows == 3:
             waves = decoder.last_stats["prefills"] if not refill else None
             assert refill or waves == 4, decoder.last_stats  # 11 prompts in waves of 3
@@ -92,16 +95,21 @@ def test_refill_takes_fewer_steps_than_waves_when_one_completion_is_long():
     assert steps[True] < steps[False], steps
 
 
-def test_sampled_refill_is_seeded_and_draws_from_the_models_distribution():
+def test_sampled_refill_is_seeded_and_draws_from_the_models_distribution(monkeypatch):
+    monkeypatch.setattr(decode_batch, "COMPACT_MIN_ROWS", 1)
     model = sharp_model()  # about 26 tokens above 1% after this prompt at temperature 0.7
     prompt = [5, 9, 3]
     ids, mask = left_padded([prompt] * 1500)
-    params = SamplingParams(max_new_tokens=2, temperature=0.7, pad_token_id=PAD)
+    # EOS = the most likely token: rows end at different steps, so the drain is compacted
+    with torch.no_grad():
+        eos = int(model(input_ids=torch.tensor([prompt])).logits[0, -1].argmax())
+    params = SamplingParams(max_new_tokens=20, temperature=0.7, eos_token_id=eos, pad_token_id=PAD)
     decoder = Decoder(model, batch_rows=100)
     a = decoder.generate(ids, mask, params, torch.Generator().manual_seed(1)).response_ids
     b = decoder.generate(ids, mask, params, torch.Generator().manual_seed(1)).response_ids
     c = decoder.generate(ids, mask, params, torch.Generator().manual_seed(2)).response_ids
     assert torch.equal(a, b) and not torch.equal(a, c)
+    assert decoder.last_stats["compactions"] >= 1, decoder.last_stats
     with torch.no_grad():
         probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1] / 0.7, dim=-1)
         other = torch.softmax(model(input_ids=torch.tensor([[7, 7]])).logits[0, -1] / 0.7, dim=-1)

@@ -5,7 +5,10 @@ A row whose completion hits EOS (or `max_new_tokens`) is harvested and refilled 
 waiting prompt: the prompt's KV is prefilled into that row alone while the other rows keep their
 place, so one long completion no longer holds a whole batch of finished rows. With `refill` off
 the prompts go through in waves of `rows` (each wave runs to its longest completion), which is
-what the plain batched loop does and what the benchmark compares against.
+what the plain batched loop does and what the benchmark compares against. Once no prompt
+waits, the rows still busy are moved (KV, mask and counters copied) into a batch of half the
+rows or fewer, so the drain of the last long completions (an RL rollout of one wave is all
+drain) runs at the cost of a small batch; each size has its own cache and graphs.
 
 Per-row bookkeeping lives on the device: the row's completion length, its finished flag, the next
 write slot and position. One decode step is: sample the next token from the previous step's
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 from transformers.cache_utils import Cache
@@ -42,6 +46,8 @@ EOS_CHECK_EVERY = 8
 LENGTH_STEP = 64
 # Read-length buckets: the full cache split in this many steps over the completion part.
 BUCKETS = 4
+# Compaction stops at this many rows: below it a step costs about the same whatever the batch.
+COMPACT_MIN_ROWS = 8
 
 
 def _round_up(n: int, step: int) -> int:
@@ -194,12 +200,24 @@ class DecodeBatch:
         torch.cuda.synchronize()
 
     # -- rows ----------------------------------------------------------------------------------
-    def seed(self, generator: torch.Generator | None) -> None:
-        """Seed this call's sampling from `generator` (one host read per call)."""
-        if self.params.temperature == 0.0:
-            return
-        device = generator.device if generator is not None else "cpu"
-        self.rng.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator, device=device)))
+    def seed(self, seed: int) -> None:
+        """Seed this batch's sampling (its generator is registered with its graphs)."""
+        self.rng.manual_seed(seed)
+
+    def adopt(self, src: DecodeBatch, rows: list[int]) -> None:
+        """Take over rows `rows` of `src` (same prompt width and sampling) as rows 0..k-1; the
+        rest of this batch idles (finished, one key open so its attention stays finite)."""
+        assert self.length == src.length and len(rows) <= self.rows
+        k, index = len(rows), torch.tensor(rows, device=self.gen_len.device)
+        for mine, theirs in ((self.cache.keys, src.cache.keys), (self.cache.values, src.cache.values)):
+            for layer, tensor in enumerate(mine):
+                tensor[:k] = theirs[layer].index_select(0, index)
+        for name in ("mask", "gen_len", "base_pos", "finished", "history", "logits"):
+            getattr(self, name)[:k] = getattr(src, name).index_select(0, index)
+        self.mask[k:] = self.blocked
+        self.mask[k:, ..., :1] = self.allowed[k:]
+        self.finished[k:] = True
+        self.gen_len[k:] = 0
 
     def fill(self, rows: torch.Tensor, ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
         """Prefill the left-padded prompts `ids` into batch rows `rows` (the other rows keep their state)."""
@@ -223,8 +241,20 @@ class DecodeBatch:
         self.base_pos.index_copy_(0, rows, prompt_mask.sum(dim=1))
 
 
-def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tensor, generator, refill: bool):
+def call_seed(generator: torch.Generator | None) -> int:
+    """One seed for a call's sampling, drawn from the caller's generator (one host read)."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=device))
+
+
+def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tensor, generator, refill: bool,
+           resize: Callable[[int], DecodeBatch] | None = None):
     """Complete every prompt of `input_ids` ([N, P], left-padded) with the rows of `batch`.
+
+    resize(rows): a batch of fewer rows (same prompt width and sampling). Given, once no prompt
+    waits and at most half the rows are busy, the busy rows move into a batch half the size (or
+    smaller, not below COMPACT_MIN_ROWS): the drain of the last long completions then runs at the
+    cost of a smaller batch instead of the full one.
 
     Returns (response [N, T], response_mask [N, T], stats) with T the longest completion."""
     params, rows = batch.params, batch.rows
@@ -236,8 +266,9 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
     waiting = deque(range(count))
     assigned = [-1] * rows  # prompt index held by each row, -1 when idle
     age = [0] * rows  # steps since each row was filled: an upper bound of its completion length
-    stats = {"rows": rows, "steps": 0, "prefills": 0, "row_steps_busy": 0}
-    batch.seed(generator)
+    stats = {"rows": rows, "steps": 0, "prefills": 0, "row_steps_busy": 0, "row_steps": 0, "compactions": 0}
+    seed = call_seed(generator) if params.temperature != 0.0 else 0
+    batch.seed(seed)
 
     def fill(free: list[int]) -> None:
         prompts = [waiting.popleft() for _ in free]
@@ -258,6 +289,7 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
         for r in busy:
             age[r] += ran
         stats["steps"] += ran
+        stats["row_steps"] += ran * rows
         stats["row_steps_busy"] += ran * len(busy)
         finished = batch.finished.tolist()  # the host sync of this check
         done = [r for r in busy if finished[r]]
@@ -274,8 +306,21 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
                 fill(idle[: len(waiting)])
             elif len(idle) == rows:
                 fill(idle[: min(rows, len(waiting))])
-        if all(a < 0 for a in assigned) and not waiting:
+        busy = [r for r in range(rows) if assigned[r] >= 0]
+        if not busy and not waiting:
             break
+        if resize is not None and not waiting:
+            target = rows
+            while target // 2 >= max(len(busy), COMPACT_MIN_ROWS):
+                target //= 2
+            if target < rows:
+                small = resize(target)
+                small.seed(seed + target)
+                small.adopt(batch, busy)
+                batch, rows = small, target
+                assigned = [assigned[r] for r in busy] + [-1] * (target - len(busy))
+                age = [age[r] for r in busy] + [0] * (target - len(busy))
+                stats["compactions"] += 1
     width = int(lengths.max())
     response_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
     response = torch.where(response_mask, response[:, :width], params.pad_token_id)

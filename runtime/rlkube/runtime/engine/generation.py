@@ -241,7 +241,11 @@ class Decoder:
         self._cache_kwarg = _cache_kwarg(model)
         self.gqa_decode = True  # see _gqa_decode_attention; off only to measure its effect
         self.length_buckets = BUCKETS  # read-length buckets (graphs) per cache; 1 only to measure their effect
+        # Move the last busy rows into smaller batches once nothing waits (decode_batch.decode).
+        # Each size keeps its own cache and graphs, up to twice the memory of the full batch.
+        self.compact = True
         self._batch = None
+        self._smaller: dict[int, DecodeBatch] = {}
         self.last_capture_seconds = 0.0
         self.last_stats: dict = {}
 
@@ -288,17 +292,29 @@ class Decoder:
             if not self.static_cache:
                 return self._generate_waves(input_ids, prompt_mask, params, generator, rows)
             batch = self._decode_batch(rows, input_ids.shape[1], params)
+            resize = self._smaller_batch if self.compact else None
             response, response_mask, self.last_stats = decode(batch, input_ids, prompt_mask, generator,
-                                                              self.refill)
+                                                              self.refill, resize)
         return GenerationOutput(input_ids, prompt_mask, response, response_mask)
 
     def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         if self._batch is not None and self._batch.key == (rows, prompt_len, params, weights, self.length_buckets):
             return self._batch
-        self._batch = None  # one cache resident at a time: drop the old one before allocating
+        self.release()  # one set of caches resident at a time: drop the old one before allocating
+        self._batch = self._new_batch(rows, prompt_len, params)
+        self.last_capture_seconds = self._batch.capture_seconds
+        return self._batch
+
+    def _smaller_batch(self, rows: int) -> DecodeBatch:
+        """A batch of `rows` rows like the current one (compaction's target), kept for reuse."""
+        if rows not in self._smaller:
+            self._smaller[rows] = self._new_batch(rows, self._batch.prompt_len, self._batch.params)
+        return self._smaller[rows]
+
+    def _new_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
         try:
-            self._batch = DecodeBatch(self, rows, prompt_len, params, graphs=self.cuda_graphs)
+            return DecodeBatch(self, rows, prompt_len, params, graphs=self.cuda_graphs)
         except Exception as e:
             if not self.cuda_graphs:
                 raise
@@ -306,13 +322,12 @@ class Decoder:
             log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
                         type(e).__name__, e)
             self.cuda_graphs = False
-            self._batch = DecodeBatch(self, rows, prompt_len, params, graphs=False)
-        self.last_capture_seconds = self._batch.capture_seconds
-        return self._batch
+            return DecodeBatch(self, rows, prompt_len, params, graphs=False)
 
     def release(self) -> None:
-        """Free the KV cache and graphs (the hybrid engine calls this before training)."""
+        """Free the KV caches and graphs (the hybrid engine calls this before training)."""
         self._batch = None
+        self._smaller = {}
 
     # -- the plain loop (dynamic cache) --------------------------------------------------------
     def _generate_waves(self, input_ids, prompt_mask, params, generator, rows) -> GenerationOutput:

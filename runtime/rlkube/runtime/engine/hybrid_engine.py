@@ -86,6 +86,7 @@ class HybridEngine:
             # Sharded: every rollout re-captures, so one graph over the whole cache costs less
             # than capturing one per read-length bucket to save a share of the attention reads.
             self.decoder.length_buckets = 1
+            self.decoder.compact = False  # same reason: no graphs for smaller batches either
         self.reshard_seconds = 0.0  # unshard + reshard, cumulative
         self.offload_seconds = 0.0
         self.generating = False

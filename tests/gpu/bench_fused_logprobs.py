@@ -1,8 +1,8 @@
 """Fused lm head + log-prob (engine/fused_head.py) next to the unfused head, side by side in one run:
 time and peak memory of the head alone, forward + backward, at the Qwen2.5-1.5B shape.
 
-On a machine with a CUDA GPU, from the repository root (about a minute on an H200, estimated: not
-run there yet):
+On a machine with a CUDA GPU, from the repository root (a few minutes on an H200, estimated: not
+run there yet; 15 cases of ~16 passes each, plus torch.compile's first compilations):
     PYTHONPATH=runtime python3 tests/gpu/bench_fused_logprobs.py              # 32k tokens x 151,936, bf16
     PYTHONPATH=runtime python3 tests/gpu/bench_fused_logprobs.py --cpu --tiny # CPU dry run (seconds)
 
@@ -14,7 +14,7 @@ and PPO's losses weigh tokens differently). Cases:
 - unfused: logits = h @ W.T (bf16), fp32 log_softmax, gather; autograd for the backward, i.e. what
   `training.fusedLogprobs: false` runs;
 - fused-C: the chunked autograd Function, C tokens a chunk (--chunks); on CUDA its per-chunk
-  softmax and gradient run through torch.compile (compiled in the warm-up passes);
+  softmax and gradient run through torch.compile (compiled in the first, untimed pass);
 - eager-C: the same without torch.compile (what runs when compiling fails, and on a CPU), at the
   middle chunk size;
 - each again `+entropy` (PPO/GRPO with training.entropyCoef > 0), unless --no-entropy, and
@@ -29,8 +29,9 @@ the peak memory allocated above the inputs (torch.cuda.max_memory_allocated; on 
 measured), and the largest single tensor any op created (a TorchDispatchMode over one untimed
 pass, run eagerly: the number that must not scale with N x V; the compiled chunk functions keep
 their fp32 intermediates in registers, so theirs is at most this). `compiled` says whether the
-fused cases really ran compiled (false after a compile failure, which the runtime warns about). A case that runs out of memory is reported as
-such, and the others still run.
+fused cases really ran compiled (false after a compile failure, which the runtime warns about),
+`fallbacks` which other fast paths failed. A case that runs out of memory is reported as such,
+and the others still run.
 
 Self-check (printed, and the exit code is 1 when a fused case fails it): every case against the
 unfused one, same inputs: log-probs and entropy max abs difference <= 2e-3 (bf16; 1e-4 in fp32),

@@ -232,6 +232,13 @@ def _algorithm_setting_rules() -> list[dict]:
             "the same, so every advantage is 0",
             ".rollout.temperature",
         ),
+        _rule(
+            f"(self.algorithm != 'ppo' && self.algorithm != 'grpo') || "
+            f"{_spec_field('rollout', RolloutSpec, 'max_new_tokens')} + 2 <= {_spec_field('data', DataSpec, 'max_seq_len')}",
+            "rollout.maxNewTokens: must be <= data.maxSeqLen - 2: a prompt, its BOS token and its completion "
+            "share maxSeqLen tokens, so no prompt token would be left",
+            ".rollout.maxNewTokens",
+        ),
     ]
     for field in DPO_ONLY_FIELDS:
         model = DataSpec if field.section == "data" else BatchingSpec

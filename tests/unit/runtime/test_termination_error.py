@@ -47,8 +47,6 @@ def config(tmp_path, text):
 
 @pytest.mark.parametrize(("text", "field", "words"), [
     (DPO + "data: {source: MISSING, format: jsonl}\n", "data.source", "does not exist"),
-    (GRPO + "data: {source: x, format: synthetic, maxSeqLen: 16}\nrollout: {maxNewTokens: 32}\n",
-     "data.maxSeqLen", "rollout.maxNewTokens"),
 ])
 def test_config_and_data_errors_exit_3_naming_the_field(tmp_path, termination_log, text, field, words):
     cfg = config(tmp_path, text.replace("MISSING", str(tmp_path / "nowhere.jsonl")))
@@ -64,6 +62,16 @@ def test_an_invalid_config_file_exits_3_with_the_error_in_the_termination_messag
     assert main(["run", str(p)]) == EXIT_CONFIG
     error = error_of(termination_log)
     assert error[failure.ERROR_EXIT] == failure.ERROR_CONFIG and "training.lr" in error[failure.ERROR_MESSAGE]
+
+
+def test_new_tokens_leaving_no_prompt_room_is_a_config_error_naming_the_field(tmp_path, termination_log):
+    # Config validation refuses it now (rlkube validate and the CRD too), before any data is read.
+    p = tmp_path / "run.yaml"
+    p.write_text(GRPO + "data: {source: x, format: synthetic, maxSeqLen: 16}\nrollout: {maxNewTokens: 32}\n")
+    assert main(["run", str(p)]) == EXIT_CONFIG
+    error = error_of(termination_log)
+    assert error[failure.ERROR_EXIT] == failure.ERROR_CONFIG
+    assert "rollout.maxNewTokens" in error[failure.ERROR_MESSAGE] and "data.maxSeqLen" in error[failure.ERROR_MESSAGE]
 
 
 def test_the_error_joins_the_last_report_and_stays_one_line(tmp_path):

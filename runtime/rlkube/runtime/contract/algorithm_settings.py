@@ -139,6 +139,13 @@ def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
             "rollout.temperature: grpo needs > 0, got 0: greedy decoding makes every completion of a "
             "group the same, so every advantage is 0"
         )
+    # The prompt gets maxSeqLen - maxNewTokens - 1 tokens (one for BOS; data/prompts.py).
+    if spec.rollout.max_new_tokens > spec.data.max_seq_len - 2:
+        problems.append(
+            f"rollout.maxNewTokens: must be <= data.maxSeqLen - 2 ({spec.data.max_seq_len - 2}), got "
+            f"{spec.rollout.max_new_tokens}: a prompt, its BOS token and its completion share maxSeqLen "
+            "tokens, so no prompt token would be left"
+        )
     for field in DPO_ONLY_FIELDS:
         value = getattr(getattr(spec, field.section), field.name)
         if all(value != accepted for accepted in field.accepted):

@@ -14,7 +14,8 @@ from rlkube.runtime.engine.logprobs import SequenceLogprobs, document_mask
 from rlkube.runtime.engine.models import build_causal_lm, flex_attention_available, pick_attention
 
 TOK = ByteTokenizer()
-CONFIG = dict(model_type="qwen2", vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+# head dim 16: flex_attention's CUDA kernel needs at least 16 (the H200 run refused 8)
+CONFIG = dict(model_type="qwen2", vocab_size=259, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
 
 pytestmark = pytest.mark.skipif(not flex_attention_available(), reason="this torch has no flex_attention")
@@ -69,3 +70,14 @@ def test_flex_packed_equals_sdpa_alone_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flex_attention's backward runs on CUDA only")
 def test_flex_packed_gradients_equal_sdpa_alone_on_cuda():
     compare(torch.device("cuda"), "float32", atol=1e-4, rtol=1e-3, grads=True)
+
+
+def test_auto_falls_back_to_sdpa_below_flex_head_dim(monkeypatch):
+    from rlkube.runtime.engine import models
+
+    monkeypatch.setattr(models, "pick_attention", lambda requested, device, packed=False: "flex_attention")
+    small = dict(CONFIG, hidden_size=32)  # head dim 8
+    lm, chosen = build_causal_lm(ModelSpec(config=small, dtype="float32", attention="auto"), torch.device("cpu"))
+    assert chosen == "sdpa" and lm.config._attn_implementation == "sdpa"
+    _, chosen = build_causal_lm(ModelSpec(config=CONFIG, dtype="float32", attention="auto"), torch.device("cpu"))
+    assert chosen == "flex_attention"

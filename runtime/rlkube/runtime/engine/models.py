@@ -110,10 +110,19 @@ def build_causal_lm(
         with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attention)
+    if attention == "flex_attention" and spec.attention == "auto" and head_dim(model.config) < 16:
+        # flex's CUDA kernel needs a head dimension of at least 16 (tiny test models have 8)
+        log.info("attention: head dim %d < 16, flex_attention cannot run it; using sdpa", head_dim(model.config))
+        model.set_attn_implementation("sdpa")
+        attention = "sdpa"
     model.config.use_cache = False
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device), attention
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def load_pretrained(path: str, dtype: torch.dtype, attention: str, device: torch.device) -> torch.nn.Module:

@@ -198,6 +198,36 @@ def _spec_field(section: str, model: type[Spec], name: str) -> str:
     return f"(has(self.{section}) && has(self.{section}.{wire}) ? self.{section}.{wire} : {default})"
 
 
+def _batch_split_rules() -> list[dict]:
+    """CEL twins of algorithm_settings.batch_split_problems."""
+    online = "(self.algorithm == 'ppo' || self.algorithm == 'grpo')"
+    group = _spec_field("training", TrainingSpec, "group_size")
+    rows = f"({_spec_field('batching', BatchingSpec, 'global_batch')} * (self.algorithm == 'grpo' ? {group} : 1))"
+    minis = _spec_field("training", TrainingSpec, "mini_batches")
+    rules = [
+        _rule(
+            f"!{online} || {_role_gpus(name)} == 0 || {rows} % {_role_gpus(name)} == 0",
+            f"batching.globalBatch: the rows per step (globalBatch x groupSize) must split evenly over "
+            f"the GPUs of role {name}",
+            ".batching",
+        )
+        for name in ROLE_NAMES
+    ]
+    rules.append(_rule(f"!{online} || {rows} % {minis} == 0",
+                       "training.miniBatches: must divide the rows per step (globalBatch x groupSize)", ".training"))
+    rules.extend(
+        _rule(
+            f"!{online} || {rows} % {minis} != 0 || {_role_gpus(name)} == 0 || "
+            f"({rows} / {minis}) % {_role_gpus(name)} == 0",
+            f"training.miniBatches: a mini-batch (rows per step / miniBatches) must split evenly over the "
+            f"GPUs of role {name}",
+            ".training",
+        )
+        for name in ("actor", "critic")
+    )
+    return rules
+
+
 def _algorithm_setting_rules() -> list[dict]:
     """The rules of rlkube.runtime.contract.algorithm_settings, one for one."""
     kl = _spec_field("training", TrainingSpec, "kl")
@@ -239,6 +269,7 @@ def _algorithm_setting_rules() -> list[dict]:
             "share maxSeqLen tokens, so no prompt token would be left",
             ".rollout.maxNewTokens",
         ),
+        *_batch_split_rules(),
     ]
     for field in DPO_ONLY_FIELDS:
         model = DataSpec if field.section == "data" else BatchingSpec

@@ -146,8 +146,39 @@ def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
             f"{spec.rollout.max_new_tokens}: a prompt, its BOS token and its completion share maxSeqLen "
             "tokens, so no prompt token would be left"
         )
+    problems.extend(batch_split_problems(spec))
     for field in DPO_ONLY_FIELDS:
         value = getattr(getattr(spec, field.section), field.name)
         if all(value != accepted for accepted in field.accepted):
             problems.append(f"{field.path}: {field.valid()}, got {value!r}: {field.why}")
+    return problems
+
+
+def batch_split_problems(spec: AlgorithmSettings) -> list[str]:
+    """PPO/GRPO: a step's rows (globalBatch x groupSize) split evenly over the ranks of every role
+    with GPUs of its own, and over training.miniBatches, and each mini-batch over the actor's and
+    the critic's ranks (the trainer's own check at start, rl/trainer.py, moved to validation).
+    A colocated role shares its owner's ranks, which are checked as the owner's. An elastic job is
+    checked at its full size; a smaller size that does not split is the trainer's to refuse."""
+    if spec.algorithm in OFFLINE_ALGORITHMS:
+        return []
+    rows = spec.batching.global_batch * (spec.training.group_size if spec.algorithm == "grpo" else 1)
+    own = {name: role.gpus for name, role in spec.roles.present().items() if role.gpus}
+    problems = [
+        f"batching.globalBatch: {rows} rows per step (globalBatch x groupSize) must split evenly over the "
+        f"{gpus} GPUs of role {name}"
+        for name, gpus in own.items()
+        if rows % gpus
+    ]
+    minis = spec.training.mini_batches
+    if rows % minis:
+        problems.append(f"training.miniBatches: {minis} does not divide the {rows} rows per step "
+                        "(globalBatch x groupSize)")
+        return problems
+    problems.extend(
+        f"training.miniBatches: a mini-batch of {rows // minis} rows must split evenly over the {own[name]} "
+        f"GPUs of role {name}"
+        for name in ("actor", "critic")
+        if name in own and (rows // minis) % own[name]
+    )
     return problems

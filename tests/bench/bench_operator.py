@@ -21,6 +21,14 @@ times each (median reported):
   its default client rate limits (--kube-api-qps 20, burst 30), which is what a user gets.
 Fake nodes: 100 Node objects x 8 GPUs, kept Ready (node Lease renewed) for the inventory.
 Pod counts are read with `limit=1` lists (remainingItemCount), 10 times a second.
+
+Scale mode (`--rate R`, e.g. `--jobs 1000 --rate 20 --kwok --rounds 1`): the jobs arrive at a
+steady R per second instead of all at once, on kwok nodes (`--kwok`: one Node of 8 GPUs per job,
+kept Ready by the kwok controller, their taint tolerated by the spec). A pod watch
+(tests/bench/arrivals.py) gives per job the time its last pod was created and its last gate
+removed; reported: pods/s (all pods / first create -> last pod), p50/p99/max of create-returned ->
+all pods gated-free (`admitted`) and -> all pods created, the operator's CPU seconds and peak RSS
+over the arm, and its 'reconcile failed' log lines. The Indexed Job arm gets the same arrivals.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import argparse
 import json
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -38,14 +47,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(REPO / "tests" / "bench"))
 
-from operator_env import Env, Kubelet, Operator, wait_until  # noqa: E402
+from arrivals import PodWatch, ProcessUsage, percentile, submit_steady  # noqa: E402
+from operator_env import POOL_LABEL, Env, Kubelet, Operator, wait_until  # noqa: E402
 
 from rlkube.operator import render  # noqa: E402
 from rlkube.operator.api import parse_spec  # noqa: E402
 from rlkube.operator.observed import JobRef  # noqa: E402
 from rlkube.operator.placement import Placement, PodPlan  # noqa: E402
-from tests.cluster import controlplane, network, procs  # noqa: E402
+from tests.cluster import controlplane, kwok, network, procs  # noqa: E402
 from tests.cluster.layout import Layout  # noqa: E402
 
 STATE = Path("/tmp/rlkube-bench-operator-cp")
@@ -102,6 +113,52 @@ def create_all(env: Env, bodies: list[tuple[str, dict]], workers: int = 8) -> fl
     return time.monotonic() - t0
 
 
+def steady(env: Env, arm: str, jobs: int, rate: float, operator: Operator | None) -> dict:
+    """One arm with jobs arriving at `rate` per second; figures from a pod watch."""
+    client = controlplane.admin_client(private_layout(), timeout=60)
+    watch = PodWatch(client, env.namespace).start()
+    usage = ProcessUsage(operator.proc.pid) if operator else None
+    if arm == "rlkube":
+        path = f"/apis/rlkube.io/v1alpha1/namespaces/{env.namespace}/rltrainingjobs"
+        bodies = [(path, env.job_body(f"job{i}", SPEC)) for i in range(jobs)]
+    else:
+        bodies = job_bodies(env, jobs)
+    t0 = time.monotonic()
+    try:
+        submitted = submit_steady(client, bodies, rate)
+        submit_s = time.monotonic() - t0
+        pods = jobs * 8
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            done = watch.ungated if arm == "rlkube" else watch.created
+            if len(done) >= pods:
+                break
+            time.sleep(0.5)
+        created = watch.per_job(watch.created, 8)
+        admitted = watch.per_job(watch.ungated, 8)
+    finally:
+        watch.stop()
+    last_pod = max(watch.created.values(), default=t0)
+    out = {"submit_s": round(submit_s, 2), "pods_created": len(watch.created),
+           "created_s": round(last_pod - t0, 2), "pods_per_s": round(len(watch.created) / (last_pod - t0), 1),
+           "watch_errors": len(watch.errors)}
+
+    def latency(times: dict[str, float], key: str) -> None:
+        lat = [times[job] - submitted[job] for job in submitted if job in times]
+        if lat:
+            out.update({f"{key}_p50_s": round(percentile(lat, 50), 2), f"{key}_p99_s": round(percentile(lat, 99), 2),
+                        f"{key}_max_s": round(max(lat), 2), f"{key}_jobs": len(lat)})
+
+    latency(created, "apply_to_created")
+    if arm == "rlkube":
+        latency(admitted, "apply_to_admitted")
+    if usage:
+        out.update(operator_cpu_s=round(usage.cpu_seconds() - usage.start_cpu, 1),
+                   operator_cpu_share=round((usage.cpu_seconds() - usage.start_cpu) / (time.monotonic() - t0), 2),
+                   operator_mem_mib=usage.memory_mib())
+    return out
+
+
 def job_template(env: Env) -> dict:
     """The pod rlkube renders for pod 0 of a job, as a Job pod template."""
     spec = parse_spec(SPEC)
@@ -114,11 +171,16 @@ def job_template(env: Env) -> dict:
     return {"metadata": {"labels": {"app.kubernetes.io/name": "rlkube-bench"}}, "spec": pod_spec}
 
 
-def run_rlkube(env: Env, log_dir: Path, jobs: int) -> dict:
-    operator = Operator(env, log_dir, fast=False)  # the operator's default settings
+def run_rlkube(env: Env, log_dir: Path, jobs: int, rate: float | None = None) -> dict:
+    # The operator's default settings; --host-path-shared: fake nodes keep no checkpoints.
+    operator = Operator(env, log_dir, fast=False, extra=["--host-path-shared"])
     operator.start()
     try:
         operator.wait_ready(90)
+        if rate:
+            out = steady(env, "rlkube", jobs, rate, operator)
+            out["operator_errors"] = operator.logs().count("reconcile failed")
+            return out
         path = f"/apis/rlkube.io/v1alpha1/namespaces/{env.namespace}/rltrainingjobs"
         bodies = [(path, env.job_body(f"job{i}", SPEC)) for i in range(jobs)]
         t0 = time.monotonic()
@@ -135,13 +197,19 @@ def run_rlkube(env: Env, log_dir: Path, jobs: int) -> dict:
         operator.stop()
 
 
-def run_jobs(env: Env, jobs: int) -> dict:
+def job_bodies(env: Env, jobs: int) -> list[tuple[str, dict]]:
     template = job_template(env)
     path = f"/apis/batch/v1/namespaces/{env.namespace}/jobs"
-    bodies = [(path, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"job{i}"},
-                      "spec": {"completionMode": "Indexed", "completions": 8, "parallelism": 8,
-                               "backoffLimit": 3, "template": json.loads(json.dumps(template))}})
-              for i in range(jobs)]
+    return [(path, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"job{i}"},
+                    "spec": {"completionMode": "Indexed", "completions": 8, "parallelism": 8,
+                             "backoffLimit": 3, "template": json.loads(json.dumps(template))}})
+            for i in range(jobs)]
+
+
+def run_jobs(env: Env, jobs: int, rate: float | None = None) -> dict:
+    if rate:
+        return steady(env, "indexed-job", jobs, rate, None)
+    bodies = job_bodies(env, jobs)
     t0 = time.monotonic()
     submit = create_all(env, bodies)
     created = wait_count(env, jobs * 8, 600, t0)
@@ -175,7 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="jobs per second arriving steadily (default: all at once)")
+    parser.add_argument("--kwok", action="store_true", help="kwok nodes instead of heartbeat-only Node objects")
     args = parser.parse_args(argv)
+    # A SIGTERM (a timeout) still runs the clean-up below: the private control plane is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.kwok:
+        SPEC["tolerations"] = [{"key": kwok.ANNOTATION, "operator": "Exists", "effect": "NoSchedule"}]
 
     layout = private_layout()
     stop_private(layout)
@@ -183,9 +258,17 @@ def main(argv: list[str] | None = None) -> int:
     controlplane.start(layout)
     base = Env(str(layout.kubeconfig), None, prefix="bench")
     base.install_crd()
-    for i in range(args.jobs):
-        base.add_node(f"n{i:03d}", gpus=8, labels={"nvidia.com/gpu.clique": f"c{i // 8}"})
-    heart = Kubelet(base, pods=False).start()  # heartbeat only: the nodes stay Ready, no pod is touched
+    if args.kwok:
+        labels = {"nvidia.com/gpu.clique": "", POOL_LABEL: base.pool}  # env.job_body selects the pool
+        fake = [kwok.FakeNode(f"n{i:04d}", {**labels, "nvidia.com/gpu.clique": f"c{i // 8}"})
+                for i in range(args.jobs)]
+        kwok.add_nodes(layout, fake, timeout=600)
+        base.nodes = [n.name for n in fake]
+        heart = None
+    else:
+        for i in range(args.jobs):
+            base.add_node(f"n{i:03d}", gpus=8, labels={"nvidia.com/gpu.clique": f"c{i // 8}"})
+        heart = Kubelet(base, pods=False).start()  # heartbeat only: the nodes stay Ready, no pod is touched
     log_dir = Path("/tmp/rlkube-bench-operator")
     results: dict[str, list[dict]] = {"rlkube": [], "indexed-job": []}
     try:
@@ -193,17 +276,22 @@ def main(argv: list[str] | None = None) -> int:
             for arm in ("rlkube", "indexed-job") if r % 2 == 0 else ("indexed-job", "rlkube"):
                 env = fresh_namespace(base, arm.split("-")[0])
                 try:
-                    out = run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs) if arm == "rlkube" else run_jobs(env, args.jobs)
+                    out = (run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs, args.rate) if arm == "rlkube"
+                           else run_jobs(env, args.jobs, args.rate))
                     out.update(case=f"apply-{args.jobs}x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
                     print(json.dumps(out), flush=True)
                     results[arm].append(out)
                 finally:
                     drop_namespace(env, arm)
     finally:
-        heart.stop()
-        for name in list(base.nodes):
-            base.delete_node(name)
+        if heart:
+            heart.stop()
+            for name in list(base.nodes):
+                base.delete_node(name)
         stop_private(layout)
+    if args.rate:
+        print(json.dumps({"case": "summary", **{arm: rows[0] for arm, rows in results.items()}}))
+        return 0
 
     ours = statistics.median(r["created_s"] for r in results["rlkube"])
     peer = statistics.median(r["created_s"] for r in results["indexed-job"])

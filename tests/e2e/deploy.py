@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tests.cluster import bins, images
+from tests.cluster.cluster import backend as cluster_backend
 from tests.sections import with_sections
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +39,8 @@ RESTRICTED = {
     "pod-security.kubernetes.io/audit": "restricted",
 }
 TERMINAL = ("Succeeded", "Failed")
+# The operator's --node-lost-grace-seconds in the e2e install (the chart's default is 60).
+NODE_LOST_GRACE = 5
 
 
 class JobTimeout(AssertionError):
@@ -82,7 +85,12 @@ def helm(cluster, *args: str, input: str | None = None, check: bool = True,
 def local_values(**extra: Any) -> dict:
     """Chart values for the harness: the locally built operator image, never pulled."""
     values: dict[str, Any] = {"image": {"repository": images.ref_for(OPERATOR_IMAGE).rsplit(":", 1)[0],
-                                        "tag": "dev", "pullPolicy": "Never"}}  # fmt: skip
+                                        "tag": "dev", "pullPolicy": "Never"},
+                              # The harness's nodes share this machine's disk: /var/lib/rlkube is
+                              # one filesystem for both, so gangs may span them with hostPath.
+                              "checkpoints": {"hostPathShared": True},
+                              # A short grace keeps the node-loss tests short (test_node_loss.py).
+                              "nodeLost": {"graceSeconds": NODE_LOST_GRACE, "countsAgainstBackoffLimit": False}}  # fmt: skip
     if OPERATOR_IMAGE in LOADED:
         values["podAnnotations"] = {"rlkube.io/image-input-hash": LOADED[OPERATOR_IMAGE]}
     values.update(extra)
@@ -203,8 +211,29 @@ def _event_order(event: dict) -> tuple[str, int]:
     return stamp, int(version) if version.isdigit() else 0
 
 
+HOST_CHECKPOINTS = Path("/var/lib/rlkube")  # render.HOST_CHECKPOINT_ROOT, as this machine sees it
+
+
 def delete_job(cluster, namespace: str, name: str) -> None:
+    """Delete the job and check that nothing of it is left: its hostPath checkpoint folder is
+    removed by the operator's cleanup pod, and that pod is gone too (operator/.../cleanup.py).
+
+    The harness's nodes share this machine's disk, so the folder is checked here directly (not
+    on a kind cluster, whose nodes are containers)."""
+    found = cluster.kubectl("get", "rltj", name, "-n", namespace, "-o", "json", "--ignore-not-found")
     cluster.kubectl("delete", "rltj", name, "-n", namespace, "--ignore-not-found", "--wait=true", timeout=180)
+    if not found.strip() or cluster_backend(cluster.layout) == "kind":
+        return
+    job = json.loads(found)
+    if (job["spec"].get("checkpoint") or {}).get("volumeClaim"):
+        return
+    folder = HOST_CHECKPOINTS / namespace / f"{name}-{job['metadata']['uid']}"
+    wait_until(f"the hostPath checkpoint folder {folder} of deleted job {name} to be removed",
+               lambda: not folder.exists(), 120, interval=2.0)
+    selector = f"rlkube.io/checkpoint-cleanup={name[:63].rstrip('-_.')}"
+    wait_until(f"the checkpoint cleanup pods of {name} to be deleted",
+               lambda: not json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector,
+                                                      "-o", "json"))["items"], 60, interval=2.0)
 
 
 def _job_summary(cluster, namespace: str, name: str) -> str:

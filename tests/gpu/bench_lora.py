@@ -45,6 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dpo import runtime_config, versions  # noqa: E402
 from model_shapes import SHAPES  # noqa: E402
 
+from rlkube.runtime.engine.models import parameter_storage_bytes  # noqa: E402
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -59,17 +61,6 @@ def case_config(args, lora: bool):
         cfg["model"]["lora"] = {"rank": args.rank, "alpha": 2.0 * args.rank, "targetModules": TARGETS}
     return RuntimeConfig.model_validate(cfg)
 
-
-def storage_bytes(*modules: torch.nn.Module) -> int:
-    """Parameter bytes the modules hold, each storage counted once (a view shares the actor's)."""
-    seen, total = set(), 0
-    for module in modules:
-        for p in module.parameters():
-            storage = p.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -103,7 +94,7 @@ def run_case(args, lora: bool) -> dict:
         "case": "lora" if lora else "full",
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "allocated_at_start_gib": left_over,
-        "parameter_gib": storage_bytes(trainer.policy, reference) / 2**30,
+        "parameter_gib": parameter_storage_bytes(trainer.policy, reference) / 2**30,
         "reference_is_view": isinstance(trainer.reference, ReferenceView),
         "trainable_parameters": sum(p.numel() for p in trainable),
         "trainable_gib": sum(p.numel() * p.element_size() for p in trainable) / 2**30,

@@ -13,10 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkube.runtime.contract.config import RuntimeConfig
-from rlkube.runtime.infra.distributed import init_from_env, shutdown
-
-from .test_gradient_equivalence import assert_same, capture_gradients, config, pinned_rollout
+from .test_gradient_equivalence import assert_same, config, step_gradients
 
 
 def logprob_modules(trainer, algorithm: str) -> list[torch.nn.Module]:
@@ -26,27 +23,13 @@ def logprob_modules(trainer, algorithm: str) -> list[torch.nn.Module]:
 
 
 def first_step_gradients(algorithm: str, cfg: dict, fused: bool) -> tuple[dict[str, torch.Tensor], float]:
-    from rlkube.runtime.trainers.dpo import DPOTrainer
-    from rlkube.runtime.trainers.rl.trainer import RLTrainer
-
-    cfg["training"]["fusedLogprobs"] = fused
-    config_ = RuntimeConfig.model_validate(cfg)
-    ctx = init_from_env(config_.device_map)
-    try:
-        trainer = (DPOTrainer if algorithm == "dpo" else RLTrainer)(config_, ctx)
+    def flag_reaches_every_module(trainer) -> None:
         modules = logprob_modules(trainer, algorithm)
         assert all(m is not None and m.fused is fused for m in modules), [getattr(m, "fused", m) for m in modules]
-        if algorithm != "dpo":
-            trainer.rollout.generate = pinned_rollout(trainer)
-        grads = capture_gradients(trainer)
-        try:
-            rec = trainer.step(0)
-        finally:
-            trainer.checkpointer.close()
-            trainer.close()
-        return grads, rec["loss"]
-    finally:
-        shutdown(ctx)
+
+    cfg["training"]["fusedLogprobs"] = fused
+    grads, rec = step_gradients(algorithm, cfg, inspect=flag_reaches_every_module)
+    return grads, rec["loss"]
 
 
 @pytest.mark.parametrize("algorithm", ["dpo", "grpo"])

@@ -103,8 +103,9 @@ def capture_gradients(trainer) -> dict[str, torch.Tensor]:
     return grads
 
 
-def step_gradients(algorithm: str, cfg: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """Gradients of step 1 on this process's rank (the process group from the environment)."""
+def step_gradients(algorithm: str, cfg: dict, inspect=None) -> tuple[dict[str, torch.Tensor], dict]:
+    """Gradients of step 1 on this process's rank (the process group from the environment);
+    `inspect(trainer)` runs once the trainer is built, before the step."""
     from rlkube.runtime.trainers.dpo import DPOTrainer
     from rlkube.runtime.trainers.rl.trainer import RLTrainer
 
@@ -112,6 +113,8 @@ def step_gradients(algorithm: str, cfg: dict) -> tuple[dict[str, torch.Tensor], 
     ctx = init_from_env(config.device_map)
     try:
         trainer = (DPOTrainer if algorithm == "dpo" else RLTrainer)(config, ctx)
+        if inspect is not None:
+            inspect(trainer)
         if algorithm != "dpo":
             trainer.rollout.generate = pinned_rollout(trainer)
         grads = capture_gradients(trainer)

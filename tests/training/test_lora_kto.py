@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlkube.runtime.contract.config import LoraSpec, RuntimeConfig
+from rlkube.runtime.engine.models import parameter_storage_bytes
 
 from .conftest import tiny_config
 from .rl_common import TINY_MODEL, rl_config
@@ -17,17 +18,6 @@ from .rl_common import TINY_MODEL, rl_config
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LORA = {"rank": 8, "alpha": 16, "targetModules": ALL_LINEAR}
 
-
-def unique_bytes(*modules: torch.nn.Module) -> int:
-    """Bytes of parameter storage the modules hold, each storage counted once (by data_ptr)."""
-    seen, total = set(), 0
-    for module in modules:
-        for p in module.parameters():
-            storage = p.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
 
 
 
@@ -46,7 +36,7 @@ def test_lora_dpo_holds_one_base_copy_and_learns(tmp_path):
         def make(c, ctx):
             t = trainer_cls(c, ctx)
             ref = t.reference.actor if isinstance(t.reference, ReferenceView) else t.reference
-            held[c.model.lora is not None] = (unique_bytes(t.policy, ref), t)
+            held[c.model.lora is not None] = (parameter_storage_bytes(t.policy, ref), t)
             return t
         return make
 
@@ -55,7 +45,7 @@ def test_lora_dpo_holds_one_base_copy_and_learns(tmp_path):
     train_on_this_rank(measure(DPOTrainer), full_cfg, None)
     lora_bytes, lora_trainer = held[True]
     full_bytes, _ = held[False]
-    base = unique_bytes(lora_trainer.policy) - sum(
+    base = parameter_storage_bytes(lora_trainer.policy) - sum(
         p.numel() * p.element_size() for p in lora_trainer.policy.parameters() if p.requires_grad)
     adapters = lora_bytes - base
     assert full_bytes == pytest.approx(2 * base, rel=1e-6)  # actor + frozen copy

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.lora import ReferenceView
+from rlkube.runtime.engine.models import parameter_storage_bytes
 from rlkube.runtime.trainers.loop import train_on_this_rank
 from rlkube.runtime.trainers.rl.scoring import build_reference
 from rlkube.runtime.trainers.rl.trainer import RLTrainer
@@ -29,17 +30,6 @@ STEPS = 3
 def _one_thread():
     torch.set_num_threads(1)
 
-
-def unique_bytes(*modules: torch.nn.Module) -> int:
-    """Bytes of parameter storage the modules hold, each storage counted once (by data_ptr)."""
-    seen, total = set(), 0
-    for module in modules:
-        for p in module.parameters():
-            storage = p.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
 
 
 def config(tmp_path, algorithm: str, separate_copy: bool, actor_gpus: int = 1) -> RuntimeConfig:
@@ -79,10 +69,10 @@ def test_lora_reference_is_the_actor_with_adapters_off(tmp_path, algorithm):
     assert not isinstance(copied.scorer.reference, ReferenceView)
     actor = shared.actor.model
     adapters = sum(p.numel() * p.element_size() for p in actor.parameters() if p.requires_grad)
-    base = unique_bytes(actor) - adapters
+    base = parameter_storage_bytes(actor) - adapters
     assert 0 < adapters < 0.2 * base
-    assert unique_bytes(actor, shared.scorer.reference.actor) == base + adapters
-    assert unique_bytes(copied.actor.model, copied.scorer.reference) == 2 * base + adapters
+    assert parameter_storage_bytes(actor, shared.scorer.reference.actor) == base + adapters
+    assert parameter_storage_bytes(copied.actor.model, copied.scorer.reference) == 2 * base + adapters
 
     # The KL the runs trained with is the same, step by step, and not zero: the adapters moved the
     # policy away from the base, and the view kept computing the base.

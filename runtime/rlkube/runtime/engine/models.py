@@ -227,3 +227,16 @@ def count_parameters(model: torch.nn.Module) -> dict[str, int]:
         "tied": int(tied),
         "body": total - emb - (0 if tied else head.numel()),
     }
+
+
+def parameter_storage_bytes(*modules: torch.nn.Module) -> int:
+    """Bytes of parameter storage the modules hold, each storage counted once: a LoRA reference
+    that is a view of the actor adds nothing, a separate reference copy adds its own."""
+    seen, total = set(), 0
+    for module in modules:
+        for p in module.parameters():
+            storage = p.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total

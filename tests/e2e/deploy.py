@@ -236,25 +236,6 @@ def delete_job(cluster, namespace: str, name: str) -> None:
                                                       "-o", "json"))["items"], 60, interval=2.0)
 
 
-def checkpoint_folders(cluster, namespace: str) -> set[str]:
-    """The hostPath checkpoint folders of `namespace` on this machine (none on a kind cluster)."""
-    root = HOST_CHECKPOINTS / namespace
-    if cluster_backend(cluster.layout) == "kind" or not root.is_dir():
-        return set()
-    return {str(p) for p in root.iterdir()}
-
-
-def orphan_checkpoint_folders(cluster, namespace: str) -> list[str]:
-    """hostPath checkpoint folders of `namespace` whose job no longer exists (by name and uid):
-    every deleted job's folder must be gone (the e2e session checks this at its end)."""
-    folders = checkpoint_folders(cluster, namespace)
-    if not folders:
-        return []
-    jobs = json.loads(cluster.kubectl("get", "rltj", "-n", namespace, "-o", "json"))["items"]
-    alive = {f"{j['metadata']['name']}-{j['metadata']['uid']}" for j in jobs}
-    return sorted(f for f in folders if Path(f).name not in alive)
-
-
 def _job_summary(cluster, namespace: str, name: str) -> str:
     try:
         job = get_job(cluster, namespace, name)

@@ -181,8 +181,9 @@ def test_operator_deployment_is_a_single_restricted_recreated_pod():
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["rlkube", "operator"]
-    assert container["args"] == ["--all-namespaces", "--log-level=info", "--metrics-port=8080",
-                                 "--liveness=http://0.0.0.0:8081/healthz", "--lease-name=rlkube"]
+    assert container["args"] == ["--all-namespaces", "--log-level=info", "--node-lost-grace-seconds=60",
+                                 "--metrics-port=8080", "--liveness=http://0.0.0.0:8081/healthz",
+                                 "--lease-name=rlkube"]
     for probe in ("startupProbe", "livenessProbe"):  # kopf's liveness endpoint
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}

@@ -118,13 +118,14 @@ def test_a_crash_restarts_with_its_reason_in_the_event(env):
 
 
 def test_a_pod_the_api_server_refuses_fails_the_job_naming_the_field(env):
-    # A volume mounted where the pod already mounts /dev/shm: the CRD cannot see the clash, the
-    # API server refuses the pod (422) with the field path.
-    env.create_job("clash", spec(volumes=[{"name": "shm", "mountPath": "/dev/shm", "hostPath": "/tmp"}]))
+    # A user volume named like one the pod already has ('dshm', the shared-memory volume): neither
+    # validation nor the CRD reserves that name yet (a mount at /dev/shm is refused at admission now),
+    # so the API server refuses the pod (422) with the field path.
+    env.create_job("clash", spec(volumes=[{"name": "dshm", "mountPath": "/data", "hostPath": "/tmp"}]))
     wait_until("Failed", lambda: env.status("clash").get("phase") == "Failed", 30,
                diagnose=lambda: env.diagnose("clash"))
     failed = condition(env, "clash", "Failed")
-    assert failed["reason"] == "CreateRejected" and "mountPath" in failed["message"], failed
+    assert failed["reason"] == "CreateRejected" and "spec.volumes" in failed["message"], failed
     wait_until("the CreateRejected Event", lambda: event(env, "clash", "CreateRejected"), 10)
     assert not [p for p in env.pods("clash") if not p["metadata"].get("deletionTimestamp")]
 

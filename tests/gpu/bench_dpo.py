@@ -45,13 +45,14 @@ PEAK_DATASHEET = 989e12
 PEAK_MEASURED = 800e12
 
 
-def runtime_config(args, case: dict, out: str, attention: str = "auto"):
+def runtime_config(args, case: dict, out: str, attention: str = "auto", compile_mode: str = "auto"):
     from rlkube.runtime.contract.config import RuntimeConfig
 
     cuda = torch.cuda.is_available()
     return RuntimeConfig.model_validate({
         "algorithm": "dpo",
-        "model": {"config": SHAPES[args.shape], "dtype": "bfloat16" if cuda else "float32", "attention": attention},
+        "model": {"config": SHAPES[args.shape], "dtype": "bfloat16" if cuda else "float32", "attention": attention,
+                  "compile": compile_mode},
         "roles": {"actor": {"gpus": 1}, "reference": {"colocateWith": "actor"}},
         "data": {"source": "bench", "format": "synthetic", "numSamples": args.global_batch * (args.warmup + args.steps),
                  "maxSeqLen": case["max_len"], "lengthMix": case["mix"], "seed": args.seed},
@@ -63,13 +64,17 @@ def runtime_config(args, case: dict, out: str, attention: str = "auto"):
     })
 
 
-def run_ours(args, case: dict, attention: str) -> dict:
+def run_ours(args, case: dict, setting: str) -> dict:
+    """One run of ours; `setting` is a model.attention value, optionally '+' a model.compile value
+    ('auto', 'sdpa+off')."""
     from rlkube.runtime.infra.distributed import init_from_env
     from rlkube.runtime.trainers.dpo import DPOTrainer
 
+    attention, _, compile_mode = setting.partition("+")
     out = tempfile.mkdtemp(prefix="bench-ours-")
     t0 = time.perf_counter()
-    trainer = DPOTrainer(runtime_config(args, case, out, attention), init_from_env({"actor": [0], "reference": [0]}))
+    config = runtime_config(args, case, out, attention, compile_mode or "auto")
+    trainer = DPOTrainer(config, init_from_env({"actor": [0], "reference": [0]}))
     setup = time.perf_counter() - t0
     recs = [trainer.step(s) for s in range(args.warmup + args.steps)]
     timed = recs[args.warmup:]
@@ -87,6 +92,8 @@ def run_ours(args, case: dict, attention: str) -> dict:
         "peak_memory_gib": peak * total / 2**30,
         "setup_s": setup,
         "step_s": [r["seconds"] for r in timed],
+        "warmup_step_s": [r["seconds"] for r in recs[:args.warmup]],  # compiles are paid here
+        "compiled": trainer.compiled,
         "micro_batches": [r["microBatches"] for r in timed],
         "attention": trainer.attention,
         "loss": [r["loss"] for r in recs],
@@ -255,7 +262,8 @@ def main() -> int:
     p.add_argument("--trl-batch", type=int, default=8, help="TRL per-device batch (pairs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-trl", action="store_true")
-    p.add_argument("--ours", default="auto", help="model.attention values to run ours with (auto,sdpa)")
+    p.add_argument("--ours", default="auto",
+                   help="settings to run ours with: model.attention[+model.compile], e.g. auto,auto+off,sdpa")
     p.add_argument("--trl-checkpointing", default="on,off",
                    help="TRL's gradient checkpointing settings to run (its default is on; off is tuned)")
     p.add_argument("--json-out", default=None)
@@ -269,8 +277,8 @@ def main() -> int:
         row = {"case": name, "setup": {"shape": args.shape, "model": SHAPES[args.shape], "pairs_per_step": args.global_batch,
                "max_len": case["max_len"], "length_mix": case["mix"], "dtype": "bfloat16", "timed_steps": args.steps,
                "warmup_steps": args.warmup, "token_budget": args.token_budget, **versions()}}
-        for attention in args.ours.split(","):
-            row[f"ours_{attention}"] = run_ours(args, case, attention)
+        for setting in args.ours.split(","):
+            row[f"ours_{setting}"] = run_ours(args, case, setting)
         row["ours"] = max((v for k, v in row.items() if k.startswith("ours_")), key=lambda r: r["tokens_per_s"])
         if not args.skip_trl:
             for mode in args.trl_checkpointing.split(","):

@@ -88,6 +88,13 @@ class ModelSpec(Spec):
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass to save memory."
     )
+    compile: Literal["auto", "layers", "off"] = Field(
+        default="auto",
+        description="DPO/KTO: torch.compile each decoder layer of the actor and reference (regional "
+        "compilation: norms, rotary, activation and residual ops fused around the matmuls). 'auto' is "
+        "'layers' on CUDA and 'off' on CPU; the first steps pay the compile (logged). PPO/GRPO run "
+        "their layers uncompiled (generation shares them).",
+    )
     lora: LoraSpec | None = Field(
         default=None,
         description="Actor only: train low-rank adapters instead of every weight. The reference is the "

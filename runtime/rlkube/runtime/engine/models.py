@@ -14,6 +14,8 @@
   run (flash_attention_2 without the package or without CUDA) is replaced by sdpa with one loud
   warning. The choice is logged.
 - `avoid_cudnn_sdpa()`: for callers that feed sdpa rows whose shapes change every micro-batch.
+- `compile_layers(model, requested, device)`: regional torch.compile of the decoder layers
+  (`model.compile`), used by DPO/KTO on CUDA.
 - `shard(module, ctx, role)`: FSDP2 `fully_shard` over the role's process group, one unit per
   decoder layer plus the root, when the group has more than one rank; bf16 compute with fp32
   gradient reduction. A one-rank group is left alone.
@@ -190,6 +192,22 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     if layers is None:
         raise TypeError(f"{type(lm).__name__}: cannot find decoder layers to shard")
     return list(layers)
+
+
+def compile_layers(model: torch.nn.Module, requested: str, device: torch.device) -> bool:
+    """Regional compilation: `torch.compile` on each decoder layer of `model` in place, where
+    `requested` ('auto': on CUDA only; 'layers'; 'off') asks for it. One layer's graph serves every
+    layer (same code, same shapes), so the compile is paid once, not once per layer; shapes are
+    dynamic from the second distinct row length on, so changing micro-batch sizes do not recompile.
+    Call it after any copy of the model is made (a deep copy of a compiled layer would call the
+    original's forward) and before FSDP wraps the layers. Returns whether it compiled."""
+    if requested == "off" or (requested == "auto" and device.type != "cuda"):
+        return False
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile()
+    log.info("compile: %d decoder layers through torch.compile (model.compile=%s)", len(layers), requested)
+    return True
 
 
 def shard(module: torch.nn.Module, ctx: DistContext, role: str = "actor") -> torch.nn.Module:

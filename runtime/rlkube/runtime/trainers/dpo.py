@@ -44,7 +44,7 @@ from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.lora import ReferenceView, add_lora
-from rlkube.runtime.engine.models import avoid_cudnn_sdpa, build_causal_lm, frozen_copy, shard
+from rlkube.runtime.engine.models import avoid_cudnn_sdpa, build_causal_lm, compile_layers, frozen_copy, shard
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.gpu_busy import JobBusy
@@ -132,6 +132,10 @@ class DPOTrainer(Trainer):
         elif self.peft is None:
             ref_lm = frozen_copy(lm)
         apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
+        # after the reference copy (a copy of a compiled layer would call the original's forward)
+        self.compiled = compile_layers(lm, config.model.compile, ctx.device)
+        if ref_spec is not None or self.peft is None:
+            compile_layers(ref_lm, config.model.compile, ctx.device)
         fused = config.training.fused_logprobs
         self.policy = shard(SequenceLogprobs(lm, fused=fused), ctx, "actor")
         if ref_spec is None and self.peft is not None:

@@ -3,10 +3,11 @@
 #   $RLKUBE_BIN_CACHE/kind-<version>/kind                 (sigs.k8s.io/kind, go/kind)
 #   $RLKUBE_BIN_CACHE/kindnode-<k8s version>/{kubeadm,kube-proxy}   (go/kindnode)
 #   $RLKUBE_BIN_CACHE/runc-caps-<source hash>/runc-caps   (go/runc-caps, dockerd's runc wrapper)
+#   $RLKUBE_BIN_CACHE/coredns-<version>/coredns          (github.com/coredns/coredns, go/coredns)
 # The harness's own Kubernetes binaries (build-bins.sh kubernetes) are reused for the rest of a
 # kind node; kubeadm and kube-proxy live in their own module so that the harness's cache stamp
 # does not change. A complete cache folder is skipped: a rerun builds nothing.
-# Usage: kind-bins.sh [kind|kindnode|runc-caps ...]   (default: all)
+# Usage: kind-bins.sh [kind|kindnode|runc-caps|coredns ...]   (default: all)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${RLKUBE_BIN_CACHE:-$HOME/.cache/rlkube/bin}"
@@ -43,7 +44,7 @@ build() {  # build <dir under go/> <cache name> <version> <ldflags> <name=packag
   flock -u "$lock"
 }
 
-want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kind kindnode runc-caps)
+want=("$@"); [[ ${#want[@]} -gt 0 ]] || want=(kind kindnode runc-caps coredns)
 for c in "${want[@]}"; do
   case "$c" in
     kind) v="$(version_of kind sigs.k8s.io/kind)"
@@ -53,6 +54,9 @@ for c in "${want[@]}"; do
         kubeadm=k8s.io/kubernetes/cmd/kubeadm kube-proxy=k8s.io/kubernetes/cmd/kube-proxy ;;
     runc-caps) v="$(cat "$HERE"/go/runc-caps/{go.mod,main.go} | sha256sum | cut -c1-12)"
       build runc-caps runc-caps "$v" "-s -w" runc-caps=. ;;
-    *) echo "unknown component $c (kind|kindnode|runc-caps)" >&2; exit 2 ;;
+    coredns) v="$(version_of coredns github.com/coredns/coredns)"
+      build coredns coredns "$v" "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$v" \
+        coredns=github.com/coredns/coredns ;;
+    *) echo "unknown component $c (kind|kindnode|runc-caps|coredns)" >&2; exit 2 ;;
   esac
 done

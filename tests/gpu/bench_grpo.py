@@ -17,6 +17,17 @@ the dynamic cache); rlkube with its own defaults (CUDA-graph decoding, chunked l
 gradient checkpointing, micro-batches of `--micro` rows).
 
 Timed: steps after `--warmup` warm-up steps, wall time per step (CUDA synchronised).
+
+Rollout decode rows (`--refill`, a comma list, one rlkube run each, TRL once): `all` decodes every
+row of the step at once (rollout.decodeRows unset, the default); `on` / `off` stream the rows
+through `--decode-rows` rows with refill on (a finished row takes the next waiting prompt) or off
+(waves). A random model never ends a completion, so refill has nothing to do unless `--eos-median
+M` is given: a forward hook on the LM head then biases the EOS logit so that each step ends a
+completion with a fixed probability (geometric lengths, median M), for both sides (bench_rollout's
+eos_hazard). rlkube's fused log-prob head does not call the LM head module, so its training
+log-probs miss that bias; with one optimizer step per rollout the ratio is 1 either way, and only
+time is measured. Example for both settings on the GPU:
+    PYTHONPATH=runtime python3 tests/gpu/bench_grpo.py --only ours --refill all,on,off --decode-rows 32 --eos-median 64
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from tests.gpu.bench_rollout import SHAPES  # noqa: E402
+from tests.gpu.bench_rollout import SHAPES, eos_hazard  # noqa: E402
 
 BOS, PAD, EOS = 257, 256, 258
 
@@ -49,7 +60,23 @@ def sync():
         torch.cuda.synchronize()
 
 
-def run_ours(args, texts: list[str]) -> dict:
+def rollout_settings(args) -> list[tuple[str, dict]]:
+    """(label, rollout section overrides) for each `--refill` value."""
+    out = []
+    for value in [v for v in args.refill.split(",") if v]:
+        if value == "all":
+            out.append(("all rows at once", {}))
+        elif value in ("on", "off"):
+            if not args.decode_rows:
+                raise SystemExit("--refill on/off needs --decode-rows")
+            out.append((f"refill {value}, {args.decode_rows} rows",
+                         {"decodeRows": args.decode_rows, "refill": value == "on"}))
+        else:
+            raise SystemExit(f"--refill: all, on or off, got {value!r}")
+    return out
+
+
+def run_ours(args, texts: list[str], rollout: dict | None = None) -> dict:
     from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.infra.distributed import init_from_env
     from rlkube.runtime.trainers.rl import RLTrainer
@@ -68,7 +95,7 @@ def run_ours(args, texts: list[str]) -> dict:
         "batching": {"globalBatch": args.prompts, "maxMicroBatch": args.micro, "mode": "fixed"},
         "training": {"steps": args.warmup + args.steps, "lr": 1e-6, "groupSize": args.group, "kl": 0.0,
                      "ppoEpochs": 1, "miniBatches": 1, "seed": 0},
-        "rollout": {"maxNewTokens": args.new_tokens, "temperature": 1.0},
+        "rollout": {"maxNewTokens": args.new_tokens, "temperature": 1.0, **(rollout or {})},
         "checkpoint": {"dir": os.path.join(out, "ckpt"), "everySteps": 10**6},
         "progressPort": 0,
         "outputDir": out,
@@ -76,12 +103,15 @@ def run_ours(args, texts: list[str]) -> dict:
     t0 = time.perf_counter()
     trainer = RLTrainer(config, init_from_env({"actor": [0], "reward": [0]}))
     setup = time.perf_counter() - t0
+    if args.eos_median:
+        eos_hazard(trainer.actor.model.lm, EOS, args.eos_median)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     recs = [trainer.step(s) for s in range(args.warmup + args.steps)]
     timed = recs[args.warmup:]
     keys = ("seconds", "generationSeconds", "scoringSeconds", "trainingSeconds", "reshardSeconds",
-            "generationTokensPerSecond", "trainingTokensPerSecond", "mfu", "responseLengthMean")
+            "generationTokensPerSecond", "trainingTokensPerSecond", "mfu", "responseLengthMean",
+            "decodeRowOccupancy", "gpuUtilization")
     summary = {k: statistics.median([r[k] for r in timed]) for k in keys if timed[0].get(k) is not None}
     summary["setup_s"] = setup
     summary["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
@@ -137,6 +167,8 @@ def run_trl(args, texts: list[str]) -> dict:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if args.eos_median:
+        eos_hazard(model, EOS, args.eos_median)
     tok = word_tokenizer(config.vocab_size)
     byte = ByteTokenizer()
     # The same 128 token ids rlkube feeds (bos + bytes), spelled as words.
@@ -181,6 +213,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=["ours", "trl"], default=None)
+    ap.add_argument("--refill", default="all",
+                    help="rlkube runs, comma list of: all (every row at once), on / off (--decode-rows rows, "
+                    "refill on or in waves)")
+    ap.add_argument("--decode-rows", type=int, default=None, help="rollout.decodeRows of the on/off runs")
+    ap.add_argument("--eos-median", type=float, default=None,
+                    help="bias EOS so completions end at geometric lengths of this median (both sides)")
     args = ap.parse_args(argv)
 
     n = args.prompts * (args.warmup + args.steps)
@@ -190,9 +228,15 @@ def main(argv=None) -> int:
     setup = {"model": args.shape, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
              "attention": "sdpa", "prompts_per_step": args.prompts, "group": args.group,
              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "torch": torch.__version__,
-             "transformers": transformers.__version__,
+             "transformers": transformers.__version__, "eos_median": args.eos_median,
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
-    ours = run_ours(args, texts) if args.only != "trl" else None
+    by_rollout = {}
+    if args.only != "trl":
+        for label, rollout in rollout_settings(args):
+            by_rollout[label] = run_ours(args, texts, rollout) | {"rollout": rollout}
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    ours = next(iter(by_rollout.values()), None)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     trl = None
@@ -201,7 +245,7 @@ def main(argv=None) -> int:
 
         setup["trl"] = trl_pkg.__version__
         trl = run_trl(args, texts)
-    rec = {"case": f"grpo step {args.prompts}x{args.group}", "ours": ours, "trl": trl,
+    rec = {"case": f"grpo step {args.prompts}x{args.group}", "ours": ours, "ours_by_rollout": by_rollout, "trl": trl,
            "ratio": (trl["seconds"] / ours["seconds"]) if ours and trl else None, "setup": setup}
     print(json.dumps(rec), flush=True)
     print("\n| case | ours s/step | TRL s/step | ratio | ours gen / score / train s | ours gen tok/s | ours peak GiB | TRL peak GiB |")
@@ -210,6 +254,14 @@ def main(argv=None) -> int:
         print(f"| {rec['case']} | {ours['seconds']:.2f} | {trl['seconds']:.2f} | {rec['ratio']:.2f}x | "
               f"{ours['generationSeconds']:.2f} / {ours['scoringSeconds']:.2f} / {ours['trainingSeconds']:.2f} | "
               f"{ours.get('generationTokensPerSecond', 0):,.0f} | {ours['peak_gib'] or 0:.1f} | {trl['peak_gib'] or 0:.1f} |")
+    if len(by_rollout) > 1 or args.only == "ours":
+        print("\n| rlkube rollout | s/step | generate s | gen tok/s | response length mean | decode row occupancy |"
+              " GPU busy |")
+        print("|---|---|---|---|---|---|---|")
+        for label, r in by_rollout.items():
+            print(f"| {label} | {r['seconds']:.3f} | {r['generationSeconds']:.3f} | "
+                  f"{r.get('generationTokensPerSecond', 0):,.0f} | {r.get('responseLengthMean', 0):.1f} | "
+                  f"{r.get('decodeRowOccupancy', 'n/a')} | {r.get('gpuUtilization', 'n/a')} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rec, f, indent=1)

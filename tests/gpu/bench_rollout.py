@@ -33,8 +33,10 @@ model never says EOS by itself). Lengths are then geometric (median `--eos-media
 tail, ~3% reach the limit): within a wave of 256 rows the longest row holds the batch. Rows:
 rlkube with refill (a finished row takes the next waiting prompt; once none waits, the busy
 rows move into smaller batches), rlkube in waves (refill off), rlkube with refill but without
-that compaction, HF static-cache compiled in waves of the same rows. tokens/s counts each side's own
-generated tokens (its samples differ, so the realized lengths are printed per side).
+that compaction, rlkube with every prompt in a row of its own at once (what an RL step does with
+rollout.decodeRows unset), HF static-cache compiled in waves of the same rows. `--refill` picks
+rlkube's rows (on, off, nocompact, all). tokens/s counts each side's own generated tokens (its
+samples differ, so the realized lengths are printed per side).
 """
 
 from __future__ import annotations
@@ -148,8 +150,13 @@ def lengths_summary(lengths: torch.Tensor) -> dict:
             "max": int(lengths.max())}
 
 
+# --refill names -> (record key, Decoder batch_rows: None = a row per prompt, refill, compact)
+EOS_VARIANTS = {"on": ("refill", True, True), "off": ("waves", False, True),
+                "nocompact": ("refill_no_compaction", True, False), "all": ("all_rows", True, True)}
+
+
 def eos_case(model, args, device, setup) -> dict:
-    """EOS on, long-tailed lengths: rlkube refill on / off and HF static compiled, same rows."""
+    """EOS on, long-tailed lengths: rlkube refill on / off / all rows at once and HF static compiled."""
     from rlkube.runtime.engine.generation import Decoder
 
     eos, rows, new = model.config.vocab_size - 1, args.eos_rows, args.eos_new_tokens
@@ -158,22 +165,28 @@ def eos_case(model, args, device, setup) -> dict:
     mask = torch.ones_like(ids)
     handle = eos_hazard(model, eos, args.eos_median)
     rec = {"case": f"rollout EOS on, {args.eos_prompts} prompts on {rows} rows", "rows": rows,
-           "prompts": args.eos_prompts, "new_tokens_max": new, "eos_median_target": args.eos_median}
+           "prompts": args.eos_prompts, "new_tokens_max": new, "eos_median_target": args.eos_median,
+           "variants": []}
     try:
-        # one decoder for both settings (refill is not part of its graphs): capture and warm up
-        # on one wave of prompts
+        # one decoder for the settings on `rows` rows (refill is not part of its graphs): capture
+        # and warm up on one wave of prompts; "all" gets its own, warmed up on every prompt
         decoder = Decoder(model, batch_rows=rows)
         run_ours(decoder, ids[:rows], mask[:rows], new, device, 11, eos)
         rec["graph_capture_s"] = decoder.last_capture_seconds
-        for name, refill, compact in (("refill", True, True), ("waves", False, True),
-                                      ("refill_no_compaction", True, False)):
+        for variant in [v for v in args.refill.split(",") if v]:
+            name, refill, compact = EOS_VARIANTS[variant]
+            if variant == "all":
+                decoder.release()
+                decoder = Decoder(model)
+                run_ours(decoder, ids, mask, new, device, 11, eos)
             decoder.refill, decoder.compact = refill, compact
             seconds, out = run_ours(decoder, ids, mask, new, device, 12, eos)
+            stats = decoder.last_stats
+            rec["variants"].append(name)
             rec[f"ours_{name}_tokens_per_s"] = out.generated_tokens / seconds
             rec[f"ours_{name}_s"] = seconds
-            rec[f"ours_{name}_steps"] = decoder.last_stats["steps"]
+            rec[f"ours_{name}_steps"] = stats["steps"]
             rec[f"ours_{name}_lengths"] = lengths_summary(out.response_lengths.cpu())
-            stats = decoder.last_stats
             rec[f"ours_{name}_row_occupancy"] = stats["row_steps_busy"] / stats["row_steps"]
             rec[f"ours_{name}_compactions"] = stats["compactions"]
         decoder.release()
@@ -187,8 +200,10 @@ def eos_case(model, args, device, setup) -> dict:
         rec["hf_static_mean_length"] = hf_tokens / args.eos_prompts
     finally:
         handle.remove()
-    rec["ratio_refill_vs_hf_static"] = rec["ours_refill_tokens_per_s"] / rec["hf_static_tokens_per_s"]
-    rec["ratio_refill_vs_waves"] = rec["ours_refill_tokens_per_s"] / rec["ours_waves_tokens_per_s"]
+    for name in rec["variants"]:
+        rec[f"ratio_{name}_vs_hf_static"] = rec[f"ours_{name}_tokens_per_s"] / rec["hf_static_tokens_per_s"]
+    if "ours_waves_tokens_per_s" in rec and "ours_refill_tokens_per_s" in rec:
+        rec["ratio_refill_vs_waves"] = rec["ours_refill_tokens_per_s"] / rec["ours_waves_tokens_per_s"]
     rec["setup"] = setup
     return rec
 
@@ -261,16 +276,16 @@ def print_tables(results: list[dict]) -> None:
     for r in results:
         if "rows" not in r:
             continue
-        print("\n| case | ours refill tok/s | ours waves tok/s | ours refill, no compaction tok/s | "
-              "HF static compiled (waves) tok/s | refill / HF static | refill / waves | steps refill/waves | "
-              "lengths p50/p90/max (refill) |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        lengths = r["ours_refill_lengths"]
-        print(f"| {r['case']} | {r['ours_refill_tokens_per_s']:,.0f} | {r['ours_waves_tokens_per_s']:,.0f} | "
-              f"{r['ours_refill_no_compaction_tokens_per_s']:,.0f} | "
-              f"{r['hf_static_tokens_per_s']:,.0f} | {r['ratio_refill_vs_hf_static']:.2f}x | "
-              f"{r['ratio_refill_vs_waves']:.2f}x | {r['ours_refill_steps']}/{r['ours_waves_steps']} | "
-              f"{lengths['p50']:.0f}/{lengths['p90']:.0f}/{lengths['max']} |")
+        print(f"\n{r['case']}; HF static compiled (waves of {r['rows']}): {r['hf_static_tokens_per_s']:,.0f} tok/s")
+        print("| rlkube rows | tok/s | seconds | / HF static | decode steps | row occupancy | compactions | "
+              "lengths p50/p90/max |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name in r["variants"]:
+            lengths = r[f"ours_{name}_lengths"]
+            print(f"| {name} | {r[f'ours_{name}_tokens_per_s']:,.0f} | {r[f'ours_{name}_s']:.2f} | "
+                  f"{r[f'ratio_{name}_vs_hf_static']:.2f}x | {r[f'ours_{name}_steps']} | "
+                  f"{r[f'ours_{name}_row_occupancy']:.2f} | {r[f'ours_{name}_compactions']} | "
+                  f"{lengths['p50']:.0f}/{lengths['p90']:.0f}/{lengths['max']} |")
 
 
 def main(argv=None) -> int:
@@ -283,6 +298,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eos-rows", type=int, default=256)
     ap.add_argument("--eos-new-tokens", type=int, default=1024)
     ap.add_argument("--eos-median", type=float, default=200.0)
+    ap.add_argument("--refill", default="on,off,nocompact,all",
+                    help="EOS case rlkube rows: on (refill), off (waves), nocompact (refill without compaction), "
+                    "all (a row per prompt, at once)")
     ap.add_argument("--cpu", action="store_true", help="run on CPU even where a GPU is present")
     ap.add_argument("--tiny", action="store_true", help="tiny shape and small cases: a dry run of every path")
     ap.add_argument("--out", default=None)

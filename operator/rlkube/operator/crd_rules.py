@@ -199,7 +199,7 @@ def _spec_field(section: str, model: type[Spec], name: str) -> str:
 
 
 def _batch_split_rules() -> list[dict]:
-    """CEL twins of algorithm_settings.batch_split_problems."""
+    """CEL twins of algorithm_settings.batch_split_problems and decode_rows_problems."""
     online = "(self.algorithm == 'ppo' || self.algorithm == 'grpo')"
     group = _spec_field("training", TrainingSpec, "group_size")
     rows = f"({_spec_field('batching', BatchingSpec, 'global_batch')} * (self.algorithm == 'grpo' ? {group} : 1))"
@@ -213,6 +213,14 @@ def _batch_split_rules() -> list[dict]:
         )
         for name in ROLE_NAMES
     ]
+    decode_rows = "(has(self.rollout) && has(self.rollout.decodeRows))"
+    rules.append(_rule(
+        f"!{online} || !{decode_rows} || self.rollout.decodeRows * {_role_gpus('actor')} <= {rows}",
+        "rollout.decodeRows: must be <= the rows each actor GPU generates per step (globalBatch x "
+        "groupSize / roles.actor.gpus): rows beyond them would never decode; leave it unset to decode "
+        "all of them at once",
+        ".rollout.decodeRows",
+    ))
     rules.append(_rule(f"!{online} || {rows} % {minis} == 0",
                        "training.miniBatches: must divide the rows per step (globalBatch x groupSize)", ".training"))
     rules.extend(

@@ -15,6 +15,8 @@ The rules:
 - PPO/GRPO with training.kl > 0 refuse klEstimator k1 where the KL is a loss term (GRPO always,
   PPO unless klInReward): k1's expected gradient on the policy's own samples is 0, so the KL
   would be logged but never pull the policy to the reference (algorithms/ppo.py kl_divergence).
+- PPO/GRPO: rollout.decodeRows is at most the rows each actor GPU generates per step (more rows
+  than completions would leave rows that never decode; the setting would do nothing).
 - PPO/GRPO refuse values of the DPO-only data and batching fields (`DPO_ONLY_FIELDS`) other
   than those that say what they do anyway, instead of ignoring them silently.
 """
@@ -147,6 +149,7 @@ def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
             "tokens, so no prompt token would be left"
         )
     problems.extend(batch_split_problems(spec))
+    problems.extend(decode_rows_problems(spec))
     for field in DPO_ONLY_FIELDS:
         value = getattr(getattr(spec, field.section), field.name)
         if all(value != accepted for accepted in field.accepted):
@@ -182,3 +185,19 @@ def batch_split_problems(spec: AlgorithmSettings) -> list[str]:
         if name in own and (rows // minis) % own[name]
     )
     return problems
+
+
+def decode_rows_problems(spec: AlgorithmSettings) -> list[str]:
+    """PPO/GRPO: rollout.decodeRows <= the rows each actor GPU generates per step (globalBatch x
+    groupSize / roles.actor.gpus, at the job's full size; an elastic job at fewer workers gives
+    each GPU more rows). Compared as decodeRows x gpus <= rows, as the CEL twin does."""
+    decode_rows = spec.rollout.decode_rows
+    if spec.algorithm in OFFLINE_ALGORITHMS or decode_rows is None:
+        return []
+    rows = spec.batching.global_batch * (spec.training.group_size if spec.algorithm == "grpo" else 1)
+    gpus = spec.roles.actor.gpus or 1
+    if decode_rows * gpus <= rows:
+        return []
+    return [f"rollout.decodeRows: must be <= the {rows // gpus} rows each actor GPU generates per step "
+            f"(globalBatch x groupSize / roles.actor.gpus = {rows} / {gpus}), got {decode_rows}: "
+            "rows beyond them would never decode; leave it unset to decode all of them at once"]

@@ -14,25 +14,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
+
+# Spec, the shared bounds and the rollout section live in modules of their own; they are
+# imported here so that `config` stays the one place to import every section from.
+from rlkube.runtime.contract.rollout import RolloutSpec
+from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, Spec
 
 ROLE_NAMES = ("actor", "critic", "reward", "reference")
-
-# Bounds shared by the runtime config and the CRD schema (maxLength / maxItems there).
-MAX_PATH_LEN = 1024
-MAX_NAME_LEN = 253
-
-
-class Spec(BaseModel):
-    """Base of every config model: camelCase on the wire, unknown fields rejected."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-    )
 
 
 class LoraSpec(Spec):
@@ -489,21 +478,6 @@ class TrainingSpec(Spec):
         description="KTO: weight of the loss of undesirable completions (lambda_U); with unbalanced data "
         "the KTO paper keeps lambda_D * desirable / (lambda_U * undesirable) in [1, 4/3].",
     )
-
-
-class RolloutSpec(Spec):
-    """Generation settings for PPO and GRPO rollouts."""
-
-    max_new_tokens: int = Field(default=64, ge=1, le=1_048_576, description="Longest completion.")
-    temperature: float = Field(
-        default=1.0,
-        ge=0.0,
-        le=100.0,
-        description="Sampling temperature; 0 is greedy (PPO only: GRPO's completions of one prompt "
-        "would all be the same).",
-    )
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(default=0, ge=0, le=1_000_000, description="Top-k sampling; 0 turns it off.")
 
 
 class CheckpointSpec(Spec):

@@ -290,6 +290,13 @@ class Decoder:
         rows = min(self.batch_rows or input_ids.shape[0], input_ids.shape[0])
         with _DecodeAttention(self.model, self.gqa_decode):
             if not self.static_cache:
+                if self.refill and rows < input_ids.shape[0]:
+                    from rlkube.runtime.infra.log import warn_once
+
+                    warn_once("decoder-refill-waves", (
+                        f"rollout.refill with the dynamic-cache decoder (attention "
+                        f"{getattr(self.model.config, '_attn_implementation', None)!r} takes no 4-D mask): "
+                        f"prompts go through the {rows} decode rows in waves, without refill"))
                 return self._generate_waves(input_ids, prompt_mask, params, generator, rows)
             batch = self._decode_batch(rows, input_ids.shape[1], params)
             resize = self._smaller_batch if self.compact else None

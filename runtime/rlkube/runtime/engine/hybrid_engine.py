@@ -71,6 +71,8 @@ class HybridEngine:
         offload_optimizer: bool | None = None,
         static_cache: bool | None = None,
         cuda_graphs: bool | None = None,
+        decode_rows: int | None = None,
+        refill: bool = True,
     ) -> None:
         self.policy = policy
         self.optimizer = optimizer
@@ -81,7 +83,9 @@ class HybridEngine:
         # Graph capture pins the weights' addresses; FSDP re-gathers into fresh memory on each
         # unshard, so graphs would be re-captured per rollout. The Decoder notices (it keys its
         # graphs on the parameters' addresses) and re-captures only then.
-        self.decoder = Decoder(policy.lm, static_cache=static_cache, cuda_graphs=cuda_graphs)
+        # decode_rows / refill: rollout.decodeRows and rollout.refill (the Decoder's batch_rows).
+        self.decoder = Decoder(policy.lm, static_cache=static_cache, cuda_graphs=cuda_graphs,
+                               batch_rows=decode_rows, refill=refill)
         if self.units:
             # Sharded: every rollout re-captures, so one graph over the whole cache costs less
             # than capturing one per read-length bucket to save a share of the attention reads.

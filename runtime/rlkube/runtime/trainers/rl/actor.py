@@ -44,7 +44,8 @@ class ActorWorker(RoleWorker):
         policy = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
         policy = shard(policy, ctx, "actor")
         super().__init__(config, groups, policy, make_optimizer(policy))
-        self.engine = HybridEngine(self.model, self.optimizer)
+        rollout = config.rollout
+        self.engine = HybridEngine(self.model, self.optimizer, decode_rows=rollout.decode_rows, refill=rollout.refill)
         self.policy_loss = get_policy_loss(algorithm.policy_loss)
         self.kl_as_loss = algorithm.kl_as_loss(config.training)
         self.aggregation = get_loss_agg(config.training.loss_aggregation)

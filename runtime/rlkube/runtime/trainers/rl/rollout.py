@@ -112,6 +112,10 @@ class RolloutWorker:
         stats["generationSeconds"] = time.perf_counter() - t0
         stats["reshardSeconds"] = self.engine.reshard_seconds - reshard_before
         stats["generatedTokens"] = out.generated_tokens
+        decoded = self.engine.decoder.last_stats  # empty on the dynamic-cache path
+        if decoded.get("row_steps"):
+            # Share of the decode rows' steps that advanced a live completion (rollout.decodeRows, refill).
+            stats["decodeRowOccupancy"] = decoded["row_steps_busy"] / decoded["row_steps"]
         seq = torch.full((out.prompt_ids.shape[0], width), self.pad_id, dtype=torch.long)
         att = torch.zeros_like(seq)
         seq[:, : out.sequences.shape[1]] = out.sequences.cpu()

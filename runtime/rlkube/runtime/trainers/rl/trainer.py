@@ -240,6 +240,8 @@ class RLTrainer(Trainer):
             "peakMemoryFraction": self.monitor.peak_memory_fraction(),
             "tokens": int(gen_tokens + train_tokens),
         }
+        if "decodeRowOccupancy" in gen_stats:  # this rank's decoder (rollout.decodeRows, rollout.refill)
+            rec["decodeRowOccupancy"] = round(gen_stats["decodeRowOccupancy"], 4)
         if self.algorithm.grouped:
             rec["groupsWithSignal"] = fraction_of_groups_with_signal(scores, self.group_size)
         return rec

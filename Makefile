@@ -16,7 +16,7 @@ PYTEST     := $(PY) -m pytest -p no:cacheprovider
 .PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
-.PHONY: training-tests
+.PHONY: training-tests soak
 .PHONY: kind-bins docker-up docker-down kind-teardown-test
 
 help:
@@ -131,6 +131,14 @@ test: lint unit crds-check training-tests integration e2e
 DEMO_TIMEOUT ?= 900
 demo: setup
 	$(PY) -m tests.e2e.demo --timeout $(DEMO_TIMEOUT)
+
+# The chaos soak (tests/soak, docs/scheduling.md "Chaos soak"): small jobs on the local cluster while a
+# seeded driver kills trainers and the operator, stops kubelets and restarts the API server; then
+# every job Succeeded, no duplicate pod, steps lost per fault <= the checkpoint interval, no orphans.
+# Not in `make test` (about 20 minutes). SOAK_ARGS e.g. "--seed 3 --jobs 6 --faults 8 --duration 600".
+SOAK_ARGS ?=
+soak: setup
+	$(PY) -m tests.soak.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

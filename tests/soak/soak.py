@@ -1,0 +1,161 @@
+"""`make soak`: a chaos soak of rlkube on the local cluster (not part of `make test`).
+
+    python -m tests.soak.soak [--seed 1] [--jobs 6] [--faults 8] [--duration 600] [--out DIR]
+
+1. brings up the harness's cluster (or reuses the one that is up; one it started is stopped at
+   the end unless another session uses it), builds and loads the images, installs the chart;
+2. applies `--jobs` small CPU-stub jobs in the namespace rlkube-soak, DPO and GRPO in turn, some
+   on two pods, checkpointing every EVERY steps to their hostPath;
+3. once one of them trains, opens a fault window of `--duration` seconds in which `--faults`
+   faults (faults.py: trainer killed, operator killed, kubelet stopped and resumed, API server
+   restarted) happen at seeded random times, each logged with its time;
+4. waits (bounded) for every job to end, restores the cluster whatever happened (kubelets
+   resumed, API server running, nodes and operator Ready), then checks:
+   - every job Succeeded at its last step;
+   - no duplicate pod, in the API or among the host's processes (the rules: verdict.py);
+   - every restart lost at most EVERY steps (rank 0's logs of both attempts), and the newest
+     checkpoint on disk is the final attempt's (a stale trainer never committed over it);
+   - after each job is deleted: no pod, ConfigMap, Service or cleanup pod of it left, and no
+     checkpoint folder of it under /var/lib/rlkube.
+5. writes report.json (faults with times, recovery times, steps lost, every check) into --out,
+   prints a summary, exits 0 when every check held.
+
+Hold /tmp/rlkube-cluster-tests.lock around it on a shared machine (the cluster is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.cluster import fixtures  # noqa: E402
+from tests.e2e import deploy  # noqa: E402
+from tests.soak import checks, faults, observe, verdict  # noqa: E402
+
+NAMESPACE = "rlkube-soak"
+EVERY = 5
+
+
+def job_specs(count: int, steps: int, grpo_steps: int, tag: str) -> list[dict]:
+    """`count` jobs: DPO and GRPO in turn; every third one on two pods of one GPU each."""
+    jobs = []
+    for i in range(count):
+        algo = "dpo" if i % 2 == 0 else "grpo"
+        name = f"soak{i}-{algo}-{tag}"
+        gpus = 2 if i % 3 == 0 else 1
+        sections = {
+            "roles": {"actor": {"gpus": gpus}},  # merged: the example's other roles stay
+            "training": {"steps": steps if algo == "dpo" else grpo_steps},
+            "checkpoint": {"everySteps": EVERY, "keep": 2},
+            "runPolicy": {"backoffLimit": 50},
+        }
+        jobs.append(deploy.job_manifest(name, NAMESPACE, f"{algo}-tiny-cpu.yaml", **sections))
+    return jobs
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1, help="seeds the fault times, kinds and targets (default 1)")
+    parser.add_argument("--jobs", type=int, default=6, help="how many jobs (default 6)")
+    parser.add_argument("--faults", type=int, default=8, help="how many faults (default 8)")
+    parser.add_argument("--duration", type=float, default=600, help="the fault window, seconds (default 600)")
+    parser.add_argument("--steps", type=int, default=150, help="steps of each DPO job (default 150)")
+    parser.add_argument("--grpo-steps", type=int, default=75, help="steps of each GRPO job (default 75)")
+    parser.add_argument("--finish-timeout", type=float, default=900,
+                        help="seconds the jobs may take after the fault window (default 900)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default /tmp/rlkube-soak/<time>)")
+    args = parser.parse_args(argv)
+    for flag in ("jobs", "faults", "steps", "grpo_steps"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.duration <= 0:
+        parser.error(f"--duration must be > 0, got {args.duration}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out or Path("/tmp/rlkube-soak") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (a timeout's kill, Ctrl-C's cousin) unwinds through the finally blocks, so the
+    # cluster is restored and a cluster this process started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with contextlib.contextmanager(fixtures._session_cluster)("full") as cluster:
+        report = soak(cluster, args, out)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(checks.text_summary(report))
+    print(f"report: {out / 'report.json'}")
+    return 0 if report["passed"] else 1
+
+
+def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
+    deploy.build_and_load(cluster, deploy.OPERATOR_IMAGE)
+    deploy.build_and_load(cluster, deploy.RUNTIME_IMAGE)
+    deploy.install(cluster)
+    deploy.ensure_namespace(cluster, NAMESPACE)
+    checks.delete_leftovers(cluster, NAMESPACE)
+
+    jobs = job_specs(args.jobs, args.steps, args.grpo_steps, uuid.uuid4().hex[:4])
+    plan = faults.schedule(args.seed, args.faults, args.duration)
+    report: dict = {"seed": args.seed, "jobs": [j["metadata"]["name"] for j in jobs], "every": EVERY,
+                    "duration": args.duration, "plan": [p.__dict__ for p in plan], "started": time.time()}
+    driver = faults.Driver(cluster, NAMESPACE, args.seed)
+    watch = observe.PodWatch(cluster.layout, NAMESPACE)
+    sampler = observe.HostSampler(cluster.layout, NAMESPACE, watch, driver.kubelets)
+    watch.start()
+    sampler.start()
+    final: dict[str, dict] = {}
+    try:
+        for job in jobs:
+            deploy.apply(cluster, job)
+        deploy.log(f"soak: {len(jobs)} jobs applied; {len(plan)} faults planned within {args.duration:.0f} s")
+        deploy.wait_until("a soak job training", lambda: any(a.steps for a in sampler.attempts.values()), 600, 2)
+        opened = time.monotonic()
+        report["window_opened"] = time.time()
+        deploy.log(f"soak: a job trains; the fault window opens ({args.duration:.0f} s)")
+        driver.run(plan, opened, threading.Event())
+        report["window_closed"] = time.time()
+        final = checks.wait_all_ended(cluster, NAMESPACE, jobs, args.finish_timeout)
+    except Exception as err:
+        report["error"] = f"{type(err).__name__}: {err}"
+        deploy.log(f"soak: {report['error']}")
+    finally:
+        try:
+            report["restored"] = faults.restore(cluster)
+        finally:
+            sampler.sample_once()
+            for thread in (sampler, watch):
+                thread.stop_flag.set()
+    report["faults"] = [f.__dict__ for f in driver.faults]
+    report["skipped_faults"] = driver.skipped
+    report["watch"] = {"reconnects": watch.reconnects, "errors": watch.errors[:10],
+                       "most_live_per_index": watch.census.most, "samples": sampler.samples}
+    restarts = [r for job in jobs for r in verdict.restarts_of(job["metadata"]["name"], list(sampler.attempts.values()),
+                                                               driver.faults, EVERY)]
+    report["restarts"] = restarts
+    report["attempts"] = [{"job": a.job, "uid": a.uid, "node": a.node, "resumed": a.resumed,
+                           "first": a.steps[0] if a.steps else None, "last": a.steps[-1] if a.steps else None}
+                          for a in sorted(sampler.attempts.values(), key=lambda a: (a.job, a.started))]
+    report["figures"] = verdict.summarize(driver.faults, restarts, driver.recoveries)
+    report["checks"] = checks.run_all(cluster, NAMESPACE, jobs, final, watch, sampler, restarts)
+    report["passed"] = "error" not in report and all(c["ok"] for c in report["checks"].values())
+    if not report["passed"]:
+        (out / "cluster-state.txt").write_text(deploy.dump(cluster, [NAMESPACE]))
+    checks.delete_all(cluster, NAMESPACE, jobs, report)
+    report["passed"] = report["passed"] and all(c["ok"] for c in report["checks"].values())
+    report["ended"] = time.time()
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,6 +26,19 @@ each, a table last):
 - start-up: launch -> first step's end as seen from here, and the runtime's split
   (`startupSeconds`: import, model load, first step; the first step's record has all three,
   the start record only the first two) when it logs one.
+
+Rollout decode rows (GRPO and PPO; `--refill`, a comma list, one run of each case per value):
+`all` leaves rollout.decodeRows unset (every row of the step at once, the default); `on` / `off`
+set decodeRows to `--decode-rows` with refill on or off (waves). A random model never says EOS,
+so every completion runs to maxNewTokens and refill has nothing to refill; `--eos-median M`
+makes completions end at geometric lengths of median M: the CLI process gets a sitecustomize
+(written into the case's temp dir, first on its PYTHONPATH) that adds a fixed bias to the EOS
+logit at the output of the LM head (a forward hook on the first Linear with the vocabulary's
+width, found by a global module hook that removes itself). Decoding runs the biased head; the
+fused log-prob head of training does not call the module (so its log-probs miss the bias: with
+ppoEpochs 1 and miniBatches 1 the ratio is 1 either way; only time is measured). Example:
+    PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --cases grpo,ppo --refill all,on,off \
+        --decode-rows 32 --eos-median 48
 """
 
 from __future__ import annotations
@@ -52,6 +65,34 @@ from model_shapes import SHAPES  # noqa: E402
 DEFAULT_STEPS = {"dpo": 60, "grpo": 40, "ppo": 40}
 TINY_STEPS = {"dpo": 5, "grpo": 5, "ppo": 5}
 CASE_TIMEOUT_S = 240
+BYTE_EOS = 258  # the byte-level tokenizer's EOS id (data/tokenizer.py)
+# Loaded by the CLI process before the runtime (see the module docstring, --eos-median).
+EOS_SITECUSTOMIZE = """
+import math, os
+import torch
+
+_VOCAB, _EOS, _MEDIAN = (int(os.environ["BENCH_EOS_VOCAB"]), int(os.environ["BENCH_EOS_ID"]),
+                         float(os.environ["BENCH_EOS_MEDIAN"]))
+_HAZARD = 1.0 - 0.5 ** (1.0 / _MEDIAN)
+_BIAS = math.log(_HAZARD * (_VOCAB - 1) / (1.0 - _HAZARD))
+
+
+def _add_bias(module, inputs, output):
+    bias = torch.zeros(output.shape[-1], dtype=output.dtype, device=output.device)
+    bias[_EOS] = _BIAS
+    return output + bias
+
+
+def _find_head(module, inputs, output):
+    if isinstance(module, torch.nn.Linear) and module.out_features == _VOCAB:
+        module.register_forward_hook(_add_bias)
+        _handle.remove()
+        return _add_bias(module, inputs, output)
+    return None
+
+
+_handle = torch.nn.modules.module.register_module_forward_hook(_find_head)
+"""
 
 
 def save_model(shape: str, path: Path, cuda: bool) -> None:
@@ -77,8 +118,24 @@ def prompts_file(path: Path, n: int, chars: int, seed: int = 0) -> None:
             f.write(json.dumps({"prompt": "".join(rng.choice(alphabet) for _ in range(chars))}) + "\n")
 
 
-def case_config(case: str, args, model_dir: Path, work: Path) -> dict:
-    """The camelCase RuntimeConfig of one case."""
+def refill_settings(args) -> list[tuple[str, dict]]:
+    """(label suffix, rollout overrides) for each `--refill` value."""
+    out = []
+    for value in [v for v in args.refill.split(",") if v]:
+        if value == "all":
+            out.append(("", {}))
+        elif value in ("on", "off"):
+            if not args.decode_rows:
+                raise SystemExit("--refill on/off needs --decode-rows")
+            out.append((f"[refill {value}, {args.decode_rows} rows]",
+                        {"decodeRows": args.decode_rows, "refill": value == "on"}))
+        else:
+            raise SystemExit(f"--refill: all, on or off, got {value!r}")
+    return out
+
+
+def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | None = None) -> dict:
+    """The camelCase RuntimeConfig of one case (`rollout`: extra rollout settings, GRPO and PPO)."""
     steps = args.steps_of[case]
     tiny = args.tiny
     common = {
@@ -109,7 +166,7 @@ def case_config(case: str, args, model_dir: Path, work: Path) -> dict:
             "batching": {"globalBatch": prompts, "maxMicroBatch": 4 if tiny else 32, "mode": "fixed"},
             "training": {**common["training"], "groupSize": 8 if case == "grpo" else 1, "kl": 0.0,
                          "ppoEpochs": 1, "miniBatches": 1},
-            "rollout": {"maxNewTokens": new_tokens, "temperature": 1.0}}
+            "rollout": {"maxNewTokens": new_tokens, "temperature": 1.0, **(rollout or {})}}
 
 
 class Sampler:
@@ -139,14 +196,21 @@ class Sampler:
         return round(sum(values) / len(values), 4) if values else None
 
 
-def run_case(case: str, args, gpu_sampler_gpu: str | None) -> dict:
+def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None = None, label: str = "") -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"bench-util-{case}-"))
+    case_name = case + label
     try:
         model_dir = work / "model"
         save_model(args.shape, model_dir, cuda=not args.cpu)
         cfg_path = work / "run.yaml"
-        cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work)))
+        cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work, rollout)))
         env = dict(os.environ, PYTHONPATH=str(ROOT / "runtime"), PYTHONUNBUFFERED="1")
+        if args.eos_median and case != "dpo":
+            hooks = work / "eos_hook"
+            hooks.mkdir()
+            (hooks / "sitecustomize.py").write_text(EOS_SITECUSTOMIZE)
+            env.update(PYTHONPATH=f"{hooks}{os.pathsep}{env['PYTHONPATH']}", BENCH_EOS_ID=str(BYTE_EOS),
+                       BENCH_EOS_VOCAB=str(SHAPES[args.shape]["vocab_size"]), BENCH_EOS_MEDIAN=str(args.eos_median))
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.pop(k, None)
         if args.cpu:
@@ -160,8 +224,8 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None) -> dict:
             sampler.stop()
         recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0:
-            return {"case": case, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
-        return summarize(case, recs, sampler, launched, exited)
+            return {"case": case_name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
+        return summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {}}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -201,6 +265,8 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "launchToFirstStepSeconds": round(first_end - launched, 2),
         "startupSeconds": steps[0].get("startupSeconds") or start.get("startupSeconds"),
         "setupSeconds": start.get("setupSeconds"),
+        "responseLengthMean": _mean([r.get("responseLengthMean") for r in after]),
+        "decodeRowOccupancy": _mean([r.get("decodeRowOccupancy") for r in after]),
     }
 
 
@@ -215,7 +281,8 @@ def table(results: list[dict]) -> str:
     for r in results:
         stalls = r.get("checkpointStallSeconds") or []
         row = [str(r.get(c)) for c in cols]
-        lines.append(" | ".join(row) + f" | stalls {stalls} | phases {r.get('busyPerPhase')}"
+        lines.append(" | ".join(row) + f" | length {r.get('responseLengthMean')} | decode rows busy "
+                     f"{r.get('decodeRowOccupancy')} | stalls {stalls} | phases {r.get('busyPerPhase')}"
                      f" | phase s/step {r.get('phaseSecondsPerStep')} | start-up {r.get('startupSeconds')}")
     return "\n".join(lines)
 
@@ -230,6 +297,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0",
                     help="the GPU nvidia-smi samples (the one the run uses)")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--refill", default="all",
+                    help="GRPO/PPO runs, comma list of: all (rollout.decodeRows unset), on / off (--decode-rows "
+                    "rows, refill on or in waves)")
+    ap.add_argument("--decode-rows", type=int, default=None, help="rollout.decodeRows of the on/off runs")
+    ap.add_argument("--eos-median", type=float, default=None,
+                    help="GRPO/PPO: bias EOS so completions end at geometric lengths of this median")
     args = ap.parse_args(argv)
     args.shape = "tiny" if args.tiny else "qwen1.5b"
     args.every = args.every or (2 if args.tiny else 20)
@@ -241,12 +314,14 @@ def main(argv=None) -> int:
                 args.steps_of[c] = int(n)
     use_smi = not args.cpu and shutil.which("nvidia-smi") is not None
     results = []
+    settings = refill_settings(args)
     for case in [c for c in args.cases.split(",") if c]:
-        t0 = time.time()
-        result = run_case(case, args, args.gpu if use_smi else None)
-        result["caseWallSeconds"] = round(time.time() - t0, 1)
-        print(json.dumps(result), flush=True)
-        results.append(result)
+        for label, rollout in (settings if case != "dpo" else [("", {})]):
+            t0 = time.time()
+            result = run_case(case, args, args.gpu if use_smi else None, rollout, label)
+            result["caseWallSeconds"] = round(time.time() - t0, 1)
+            print(json.dumps(result), flush=True)
+            results.append(result)
     print(table(results), flush=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=1))

@@ -114,7 +114,8 @@ class RolloutWorker:
         stats["generatedTokens"] = out.generated_tokens
         decoded = self.engine.decoder.last_stats  # empty on the dynamic-cache path
         if decoded.get("row_steps"):
-            # Share of the decode rows' steps that advanced a live completion (rollout.decodeRows, refill).
+            # Share of the decode rows' steps that held a completion not yet harvested (the host
+            # harvests finished rows every decode_batch.EOS_CHECK_EVERY steps): rollout.decodeRows, refill.
             stats["decodeRowOccupancy"] = decoded["row_steps_busy"] / decoded["row_steps"]
         seq = torch.full((out.prompt_ids.shape[0], width), self.pad_id, dtype=torch.long)
         att = torch.zeros_like(seq)

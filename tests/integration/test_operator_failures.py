@@ -12,6 +12,9 @@ import json
 import pytest
 from operator_env import Env, Kubelet, Operator, now_sec, wait_until
 
+from rlkube.operator.kubeapi import ApiError
+from rlkube.runtime.contract.pod import LABEL_JOB
+
 pytestmark = pytest.mark.integration
 
 TINY = {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
@@ -117,11 +120,50 @@ def test_a_crash_restarts_with_its_reason_in_the_event(env):
     assert env.status("crash")["restarts"] == 1
 
 
-def test_a_pod_the_api_server_refuses_fails_the_job_naming_the_field(env):
-    # A user volume named like one the pod already has ('dshm', the shared-memory volume): neither
-    # validation nor the CRD reserves that name yet (a mount at /dev/shm is refused at admission now),
-    # so the API server refuses the pod (422) with the field path.
-    env.create_job("clash", spec(volumes=[{"name": "dshm", "mountPath": "/data", "hostPath": "/tmp"}]))
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+POLICY = "rlkube-test-no-tmp-host-path"
+
+
+@pytest.fixture
+def tmp_host_paths_refused(env):
+    """A cluster's own rule that rlkube cannot know of: a ValidatingAdmissionPolicy refusing, as
+    Invalid (422) and naming spec.volumes, the pods of job 'clash' that mount hostPath /tmp.
+    (Every mistake rlkube's pods used to meet at the API server, such as a user volume named like
+    the pod's own 'dshm', is refused at admission now, so a policy stands in for what is left.)"""
+    pod = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+    env.api.request("POST", f"{ADMISSION}/validatingadmissionpolicies", body={
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [pod]}, "validations": [{
+            "expression": "!has(object.spec.volumes) || "
+                          "!object.spec.volumes.exists(v, has(v.hostPath) && v.hostPath.path == '/tmp')",
+            "message": "spec.volumes: hostPath /tmp is not allowed on this cluster", "reason": "Invalid"}]}})
+    env.api.request("POST", f"{ADMISSION}/validatingadmissionpolicybindings", body={
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POLICY},
+        "spec": {"policyName": POLICY, "validationActions": ["Deny"], "matchResources": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.namespace}},
+            "objectSelector": {"matchLabels": {LABEL_JOB: "clash"}}}}})
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "policy-probe", "labels": {LABEL_JOB: "clash"}},
+             "spec": {"containers": [{"name": "c", "image": "probe"}], "volumes": [{"name": "t", "hostPath": {"path": "/tmp"}}]}}
+
+    def in_force() -> bool:
+        try:
+            env.api.request("POST", f"/api/v1/namespaces/{env.namespace}/pods?dryRun=All", body=probe)
+        except ApiError as exc:
+            return exc.status == 422
+        return False
+
+    try:
+        wait_until("the admission policy in force", in_force, 30)
+        yield
+    finally:
+        for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+            env.api.request("DELETE", f"{ADMISSION}/{kind}/{POLICY}")
+
+
+def test_a_pod_the_api_server_refuses_fails_the_job_naming_the_field(env, tmp_host_paths_refused):
+    env.create_job("clash", spec(volumes=[{"name": "scratch", "mountPath": "/data", "hostPath": "/tmp"}]))
     wait_until("Failed", lambda: env.status("clash").get("phase") == "Failed", 30,
                diagnose=lambda: env.diagnose("clash"))
     failed = condition(env, "clash", "Failed")

@@ -171,6 +171,8 @@ _TOKEN = re.compile(
 _METHODS = {
     "matches": lambda target, pattern: re.search(pattern, target) is not None,
     "startsWith": lambda target, prefix: target.startswith(prefix),
+    "endsWith": lambda target, suffix: target.endswith(suffix),
+    "contains": lambda target, part: part in target,
     "compareTo": lambda left, right: (left > right) - (left < right),
 }
 _BINARY = {

@@ -92,7 +92,7 @@ def test_runtime_config_round_trips_through_camel_case_yaml():
         (spec(runPolicy={"failOnExitCodes": [3, 3]}), "spec.runPolicy.failOnExitCodes", "repeat"),
         (spec(placement={"topologyKeys": []}), "spec.placement.topologyKeys", "at least 1"),
         (spec(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]), "spec.tolerations[0].value", "empty"),
-        (spec(volumes=[{"name": "checkpoints", "hostPath": "/x", "mountPath": "/x"}]), "spec.volumes", "reserved"),
+        (spec(volumes=[{"name": "checkpoints", "hostPath": "/x", "mountPath": "/x"}]), "spec.volumes[0].name", "reserved"),
         (spec(resources={"limits": {"memory": "2 GB"}}), "spec.resources.limits.memory", "quantity"),
     ],
 )

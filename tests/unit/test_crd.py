@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from rlkube.operator import api, crd
+from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "crds" / crd.CRD_FILENAME
@@ -104,12 +105,16 @@ def test_bounds_enums_and_defaults_come_from_the_pydantic_fields(root_schema):
     codes = spec["properties"]["runPolicy"]["properties"]["failOnExitCodes"]
     assert codes["default"] == [3, 4] and codes["items"]["maximum"] == 255
     config = spec["properties"]["model"]["properties"]["config"]
+    # Free-form but for model_type, declared so the API server (and CEL) can check it.
     assert config == {
         "type": "object",
         "description": config["description"],
         "maxProperties": 256,
+        "properties": {"model_type": config["properties"]["model_type"]},
+        "required": ["model_type"],
         "x-kubernetes-preserve-unknown-fields": True,
     }
+    assert config["properties"]["model_type"]["enum"] == list(SUPPORTED_MODEL_TYPES)
     assert set(spec["required"]) == {"algorithm", "model", "roles", "data", "image"}
 
 
@@ -126,7 +131,7 @@ def test_scalar_defaults_equal_what_pydantic_fills_in(root_schema):
         "algorithm": "dpo",
         "model": {"path": "/m"},
         "roles": {"actor": {"gpus": 1, "model": {"path": "/m"}}, "reference": {"colocateWith": "actor"}},
-        "data": {"source": "s"},
+        "data": {"source": "/s"},
         "image": "i",
         "elastic": {"minWorkers": 1, "maxWorkers": 1},
         "tolerations": [{"key": "k"}],

@@ -181,8 +181,10 @@ def test_the_cel_subset_evaluator_is_not_vacuous():
     assert evaluate("self.startsWith('/')", {"self": "ckpt"}) is False
     assert evaluate("quantity(self.r).compareTo(quantity(self.l)) <= 0", {"self": {"r": "1500m", "l": "2"}}) is True
     assert evaluate("quantity(self.r).compareTo(quantity(self.l)) <= 0", {"self": {"r": "2G", "l": "1Gi"}}) is False
+    assert evaluate("self.endsWith('/') || self.contains('//')", {"self": "/a//b"}) is True
+    assert evaluate("self.matches('(^|/)[.][.]?(/|$)')", {"self": "/a/../b"}) is True
     with pytest.raises(CelError):
-        evaluate("self.endsWith('x')", {"self": "x"})
+        evaluate("self.lowerAscii() == 'x'", {"self": "x"})
 
 
 def _nodes(node: dict, path: str = ""):

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from rlkube.operator import api
+from rlkube.operator import api, spec_rules
 from rlkube.operator.crd_rules import FIELD_RULES, LIST_MAP_KEYS, MODEL_RULES
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
@@ -142,8 +142,9 @@ class _Converter:
                     prop = self._field_extras(model_name, key, prop)
                 props[key] = prop
             node["properties"] = props
-            if model_name is not None and model_name in MODEL_RULES:
-                node["x-kubernetes-validations"] = copy.deepcopy(MODEL_RULES[model_name])
+            rules = [*MODEL_RULES.get(model_name or "", []), *spec_rules.MODEL_RULES.get(model_name or "", [])]
+            if rules:
+                node["x-kubernetes-validations"] = copy.deepcopy(rules)
             return _ordered(node)
         if extra is True or extra is None or extra == {}:
             # Free-form (a Hugging Face model config): kept as written.
@@ -166,6 +167,10 @@ class _Converter:
                 default = _jsonable(info)
                 if default not in ([], {}) or "properties" in prop:
                     prop["default"] = default
+        extra_schema = spec_rules.FIELD_SCHEMAS.get((model_name, key))
+        if extra_schema:
+            # Declared properties inside a free-form object: kept, checked, and seen by CEL.
+            prop = {**prop, **copy.deepcopy(extra_schema)}
         rules = FIELD_RULES.get((model_name, key))
         if rules:
             prop["x-kubernetes-validations"] = [*prop.get("x-kubernetes-validations", []), *copy.deepcopy(rules)]

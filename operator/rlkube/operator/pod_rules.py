@@ -12,6 +12,7 @@ the API server with a server-side dry run.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -21,6 +22,9 @@ SHM_DIR = "/dev/shm"
 # Paths the rendered pod mounts itself (run.yaml's ConfigMap, the shared-memory emptyDir); the
 # checkpoint volume's path, checkpoint.dir, is the third reserved one.
 RESERVED_MOUNT_PATHS = (CONFIG_DIR, SHM_DIR)
+# Names of the volumes render.py gives every pod (run.yaml's ConfigMap, shared memory, the
+# checkpoint store): a user volume of the same name would make the pod's volumes clash (422).
+RESERVED_VOLUME_NAMES = ("config", "dshm", "checkpoints")
 
 # A label key as the API server checks it (validation.IsQualifiedName): an optional DNS-subdomain
 # prefix and '/', then a name of 1-63 characters, alphanumeric at both ends. No backslashes, so
@@ -94,6 +98,86 @@ def requests_within_limits_cel(field: str) -> str:
 
 
 # -- paths -----------------------------------------------------------------------------------------
+
+# A path as the API server and the kubelet compare it: no empty, '.' or '..' segment and no
+# trailing '/'. Mount paths are compared as written ('/dev/shm/' is not '/dev/shm' to the API
+# server, yet both are the same directory in the container), so they must be written this way,
+# and then comparing them as strings is comparing them normalised. No backslashes: CEL reads it.
+_DOT_SEGMENT = "(^|/)[.][.]?(/|$)"
+
+
+def path_form_problem(path: str) -> str | None:
+    """Why the absolute `path` is not written in normal form, or None."""
+    if "//" not in path and (path == "/" or not path.endswith("/")) and not re.search(_DOT_SEGMENT, path):
+        return None
+    normal = "/" + posixpath.normpath(path).lstrip("/")
+    return f"must be written in normal form ({normal!r}): no '//', '.' or '..' segment and no trailing '/', got {path!r}"
+
+
+def path_form_cel(value: str) -> str:
+    """CEL: the string `value` is written in normal form (see path_form_problem)."""
+    return (f"!{value}.contains('//') && ({value} == '/' || !{value}.endsWith('/')) && "
+            f"!{value}.matches('{_DOT_SEGMENT}')")
+
+
+def under_config_dir(path: str) -> bool:
+    """`path` lies inside the read-only ConfigMap mount (a mount there could not be created)."""
+    return path.startswith(CONFIG_DIR + "/")
+
+
+def path_problems(checkpoint_dir: str, export_dir: str | None) -> list[str]:
+    """checkpoint.dir and export.dir in normal form and outside the config mount (the volumes'
+    own paths are VolumeSpec's to check)."""
+    problems = []
+    for where, path in (("checkpoint.dir", checkpoint_dir), ("export.dir", export_dir)):
+        if path is None or not path.startswith("/"):
+            continue  # unset, or refused as relative by mount_path_problems
+        if (problem := path_form_problem(path)) is not None:
+            problems.append(f"{where}: {problem}")
+        elif under_config_dir(path):
+            problems.append(f"{where}: must not be inside {CONFIG_DIR}, where the pod mounts run.yaml read-only")
+    return problems
+
+
+def volume_problems(name: str, mount_path: str, host_path: str | None) -> list[str]:
+    """One extra volume: a name the pod does not use itself, paths in normal form, the mount
+    outside the config mount. Paths relative to the volume ('mountPath: ...')."""
+    problems = []
+    if name in RESERVED_VOLUME_NAMES:
+        problems.append(f"name: {name!r} is reserved: the pod's own volumes are {', '.join(RESERVED_VOLUME_NAMES)}")
+    for where, path in (("mountPath", mount_path), ("hostPath", host_path)):
+        if path is not None and (problem := path_form_problem(path)) is not None:
+            problems.append(f"{where}: {problem}")
+    if under_config_dir(mount_path):
+        problems.append(f"mountPath: must not be inside {CONFIG_DIR}, where the pod mounts run.yaml read-only")
+    return problems
+
+
+def volume_cel() -> list[tuple[str, str, str]]:
+    """(rule, message, fieldPath) on VolumeSpec: the CEL twins of `volume_problems`."""
+    names = " && ".join(f"self.name != '{name}'" for name in RESERVED_VOLUME_NAMES)
+    return [
+        (names, f"name: reserved: the pod's own volumes are {', '.join(RESERVED_VOLUME_NAMES)}", ".name"),
+        (path_form_cel("self.mountPath"), "mountPath: must be written in normal form: no '//', '.' or '..' "
+         "segment and no trailing '/'", ".mountPath"),
+        (f"!has(self.hostPath) || ({path_form_cel('self.hostPath')})", "hostPath: must be written in normal "
+         "form: no '//', '.' or '..' segment and no trailing '/'", ".hostPath"),
+        (f"!self.mountPath.startsWith('{CONFIG_DIR}/')",
+         f"mountPath: must not be inside {CONFIG_DIR}, where the pod mounts run.yaml read-only", ".mountPath"),
+    ]
+
+
+def dir_cel(field: str) -> list[tuple[str, str, str]]:
+    """(rule, message, fieldPath) on CheckpointSpec / ExportSpec: `dir`, when absolute, in normal
+    form and outside the config mount (the twins of `path_problems`)."""
+    applies = "!has(self.dir) || !self.dir.startsWith('/') || "
+    return [
+        (applies + f"({path_form_cel('self.dir')})",
+         f"{field}: must be written in normal form: no '//', '.' or '..' segment and no trailing '/'", ".dir"),
+        (applies + f"!self.dir.startsWith('{CONFIG_DIR}/')",
+         f"{field}: must not be inside {CONFIG_DIR}, where the pod mounts run.yaml read-only", ".dir"),
+    ]
+
 
 CHECKPOINT_DIR_CEL = "(has(self.checkpoint) && has(self.checkpoint.dir) ? self.checkpoint.dir : '/checkpoints')"
 

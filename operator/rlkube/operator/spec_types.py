@@ -33,8 +33,11 @@ from rlkube.operator.pod_rules import (
     RESOURCE_FIELDS,
     label_key_problem,
     mount_path_problems,
+    path_problems,
     request_above_limit,
+    volume_problems,
 )
+from rlkube.operator.spec_rules import spec_problems
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
@@ -310,6 +313,9 @@ class VolumeSpec(Spec):
     def _one_source(self) -> VolumeSpec:
         if (self.claim_name is None) == (self.host_path is None):
             raise ValueError("exactly one of claimName and hostPath must be set")
+        problems = volume_problems(self.name, self.mount_path, self.host_path)
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
@@ -419,8 +425,6 @@ class RLTrainingJobSpec(Spec):
             repeated = sorted({value for value in values if values.count(value) > 1})
             if repeated:
                 raise ValueError(f"each {what} must be unique, got {', '.join(repeated)} more than once")
-        if "checkpoints" in names:
-            raise ValueError("name 'checkpoints' is reserved for the checkpoint volume")
         return volumes
 
     @model_validator(mode="after")
@@ -441,6 +445,8 @@ class RLTrainingJobSpec(Spec):
         problems.extend(
             mount_path_problems(self.checkpoint.dir, self.export.dir, [v.mount_path for v in self.volumes])
         )
+        problems.extend(path_problems(self.checkpoint.dir, self.export.dir))
+        problems.extend(spec_problems(self))
         total = self.total_gpus()
         if total < 1:
             problems.append(f"roles: the roles' gpus must add up to >= 1, got {total}")

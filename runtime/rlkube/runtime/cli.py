@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from rlkube.runtime.contract import failure
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path
+from rlkube.runtime.contract.model_types import model_problems
 from rlkube.runtime.contract.pod import ENV_CONFIG, EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
 from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss, Terminated
 
@@ -74,6 +75,11 @@ def run(config: RuntimeConfig, **kwargs):
     name = TRAINERS.get(config.algorithm)
     if name is None:
         raise ConfigError(f"algorithm: {config.algorithm!r} has no trainer; valid: {', '.join(sorted(TRAINERS))}")
+    # Before torch loads: an unknown model type or a model directory without config.json is the
+    # user's mistake (exit 3 naming the field), not a crash to retry.
+    problems = model_problems(config)
+    if problems:
+        raise ConfigError("\n".join(problems))
     return importlib.import_module(name).train(config, **kwargs)
 
 

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.distributed import DistContext
@@ -139,3 +143,69 @@ def test_decode_rows_above_the_rows_of_an_actor_gpu_are_refused(tmp_path, decode
                     training={"groupSize": GROUP}, rollout={"decodeRows": decode_rows})
     with pytest.raises(ValueError, match=r"rollout.decodeRows: must be <= the 24 rows each actor GPU"):
         RuntimeConfig.model_validate(cfg)
+
+
+def test_resume_with_refill_repeats_the_uninterrupted_sampled_steps(tmp_path):
+    """Sampled draws with refill are a function of (seed, step, rank) and the setting: a run stopped
+    after step 2 and resumed computes steps 3-4 as the uninterrupted run does."""
+    from rlkube.runtime.infra.checkpoint import committed
+
+    def run(name, steps):
+        trainer = trainer_for(tmp_path / name, 5, True, steps=steps)
+        return trainer.train()
+
+    whole = run("whole", 4)
+    run("split", 2)
+    assert [s for s, _ in committed(tmp_path / "split" / "ckpt")] == [2]
+    second = run("split", 4)
+    assert second.first_step == 3
+    assert second.reward_means == pytest.approx(whole.reward_means[2:], rel=1e-6)
+    assert second.losses == pytest.approx(whole.losses[2:], rel=1e-5, abs=1e-7)
+
+
+def two_rank_ppo(tmp: Path, rollout: dict) -> RuntimeConfig:
+    return RuntimeConfig.model_validate(rl_config(
+        tmp, "ppo", roles={"actor": {"gpus": 2}, "critic": {"colocateWith": "actor"},
+                           "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"}},
+        batching={"globalBatch": 32, "maxMicroBatch": 8, "mode": "fixed"},
+        training={"steps": 2, "lr": 3e-3, "seed": 0},
+        rollout={"maxNewTokens": 12, "temperature": 0.0, **rollout}))
+
+
+def two_rank_worker(rank: int, port: int, tmp: str, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from rlkube.runtime.infra.distributed import init_from_env, shutdown
+    from rlkube.runtime.trainers.loop import train_on_this_rank
+
+    configs = {name: two_rank_ppo(Path(tmp) / name, rollout)
+               for name, rollout in (("all", {}), ("refill", {"decodeRows": 3, "refill": True}))}
+    # one process group for both runs: a second rendezvous on the same port can meet the first's store
+    ctx = init_from_env(configs["all"].device_map)
+    try:
+        results[rank] = {name: train_on_this_rank(lambda c, ctx: RLTrainer(c, ctx), cfg, ctx).records
+                         for name, cfg in configs.items()}
+    finally:
+        shutdown(ctx)
+
+
+@pytest.mark.timeout(300)
+def test_two_rank_greedy_ppo_with_refill_trains_exactly_like_all_rows_at_once(tmp_path, monkeypatch):
+    """The sharded actor (FSDP2 over 2 gloo ranks, each generating its 16 rows) with 3 decode rows
+    and refill: the same greedy rollouts, so the same rewards, lengths and losses step by step."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = mp.Manager().dict()
+    # fork: the workers reuse this process's imports instead of paying them again
+    mp.start_processes(two_rank_worker, args=(port, str(tmp_path), results), nprocs=2, join=True,
+                       start_method="fork")
+    runs = results[0]
+    assert len(runs["all"]) == len(runs["refill"]) == 2
+    assert all(0 < r["decodeRowOccupancy"] <= 1 for r in runs["refill"]), runs["refill"]
+    for a, b in zip(runs["all"], runs["refill"], strict=True):
+        for key in ("rewardMean", "responseLengthMean", "loss", "value_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-8), (key, a[key], b[key])

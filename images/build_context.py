@@ -133,14 +133,34 @@ def _sync(folder: Path, files: list[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def _source_digest(h: hashlib._Hash) -> None:
+def _source_snapshot() -> bytes:
+    """rlkube's sources as the input hash covers them: every file's path and content."""
+    parts = []
     for name in SOURCES:
         root = REPO / name
         paths = [root] if root.is_file() else sorted(
             p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
         )
         for path in paths:
-            h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+            parts.append(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return b"".join(parts)
+
+
+def _own_wheel(cache: Path, out: Path, constraints: Path) -> tuple[Path, bytes]:
+    """rlkube's wheel and the sources it was built from.
+
+    The checkout may be edited while the wheel builds (several people work in one tree): a wheel
+    of the old sources labelled with the hash of the new ones would be cached under that hash
+    and served to every later build of the same sources. So the sources are read before and
+    after the build, and the wheel is kept only when they did not change meanwhile."""
+    for _ in range(3):
+        before = _source_snapshot()
+        wheel = _build_rlkube_wheel(cache, out, constraints)
+        if _source_snapshot() == before:
+            return wheel, before
+        wheel.unlink()
+    raise SystemExit("build_context: rlkube's sources changed during each of 3 wheel builds; run it again "
+                     "once the checkout is not being edited")
 
 
 def wheels_dir(image: str) -> Path:
@@ -160,7 +180,7 @@ def prepare(image: str) -> str:
         tmp_path = Path(tmp)
         constraints = _constraints(tmp_path / "constraints.txt")
         (tmp_path / "none.txt").write_text("")
-        own = _build_rlkube_wheel(cache, tmp_path / "own", constraints)
+        own, sources = _own_wheel(cache, tmp_path / "own", constraints)
         requirement = f"rlkube[{EXTRAS[image]}] @ {own.as_uri()}"
         _fill_cache([requirement], constraints, cache)
         # pip download also saved the direct-URL rlkube wheel; the cache keeps third-party wheels only.
@@ -174,7 +194,7 @@ def prepare(image: str) -> str:
 
     h = hashlib.sha256((wheels / "dependencies.txt").read_bytes())
     h.update((IMAGES / image / "Dockerfile").read_bytes())
-    _source_digest(h)
+    h.update(sources)  # what the wheel was built from, not the checkout as it is now
     digest = h.hexdigest()[:16]
     _replace(wheels.with_suffix(".hash"), lambda tmp: tmp.write_text(digest + "\n"))
     return digest

@@ -120,7 +120,8 @@ class ElasticSpec(Spec):
     Each attempt is planned at the largest count in the range that fits the free GPUs; a job
     running below maxWorkers is restarted larger from its checkpoint once more GPUs are free.
     A gang that resizes across nodes needs checkpoints every node sees (checkpoint.volumeClaim
-    on a ReadWriteMany volume)."""
+    on a ReadWriteMany volume). PPO/GRPO: a mini-batch (globalBatch x groupSize / miniBatches)
+    must split evenly over the actor's GPUs at every size in the range, not only the full one."""
 
     min_workers: int = Field(
         ge=1,
@@ -353,8 +354,9 @@ class RLTrainingJobSpec(Spec):
     )
     elastic: ElasticSpec | None = Field(
         default=None,
-        description="Elastic size range in pods, for jobs whose only GPUs are the actor's. Unset: "
-        "the job runs with exactly the pods its roles' GPUs make.",
+        description="Elastic size range in pods, for jobs whose only GPUs are the actor's (PPO/GRPO: a "
+        "mini-batch must split evenly over the actor's GPUs at every size of the range). Unset: the job "
+        "runs with exactly the pods its roles' GPUs make.",
     )
     run_policy: RunPolicySpec = Field(
         default_factory=RunPolicySpec, description="Restarts, deadlines, suspension and clean-up."

@@ -41,6 +41,7 @@ import signal
 import statistics
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,6 +55,7 @@ from operator_env import POOL_LABEL, Env, Kubelet, Operator, wait_until  # noqa:
 
 from rlkube.operator import render  # noqa: E402
 from rlkube.operator.api import parse_spec  # noqa: E402
+from rlkube.operator.kubeapi import KubeAPI  # noqa: E402
 from rlkube.operator.observed import JobRef  # noqa: E402
 from rlkube.operator.placement import Placement, PodPlan  # noqa: E402
 from tests.cluster import controlplane, kwok, network, procs  # noqa: E402
@@ -159,6 +161,24 @@ def steady(env: Env, arm: str, jobs: int, rate: float, operator: Operator | None
     return out
 
 
+def operator_counters(operator: Operator) -> dict:
+    """Reconciles (by action) and errors (by kind) from the operator's /metrics."""
+    url = f"http://127.0.0.1:{operator.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: dict[str, dict[str, float]] = {"reconciles": {}, "errors": {}}
+    for line in text.splitlines():
+        for name, key in (("rlkube_operator_reconciles_total{", "reconciles"), ("rlkube_operator_reconcile_errors_total{", "errors")):
+            if line.startswith(name):
+                label = line[len(name):].split('"')[1]
+                out[key][label] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("rlkube_operator_reconcile_seconds_sum"):
+            out["errors"]["_seconds_sum"] = float(line.rsplit(" ", 1)[1])
+    seconds = out["errors"].pop("_seconds_sum", 0.0)
+    count = sum(out["reconciles"].values())
+    return {"operator_reconciles": out["reconciles"], "operator_error_counts": out["errors"],
+            "reconcile_mean_s": round(seconds / count, 3) if count else None}
+
+
 def job_template(env: Env) -> dict:
     """The pod rlkube renders for pod 0 of a job, as a Job pod template."""
     spec = parse_spec(SPEC)
@@ -171,15 +191,21 @@ def job_template(env: Env) -> dict:
     return {"metadata": {"labels": {"app.kubernetes.io/name": "rlkube-bench"}}, "spec": pod_spec}
 
 
-def run_rlkube(env: Env, log_dir: Path, jobs: int, rate: float | None = None) -> dict:
+def run_rlkube(env: Env, log_dir: Path, jobs: int, rate: float | None = None, extra: list[str] = ()) -> dict:
     # The operator's default settings; --host-path-shared: fake nodes keep no checkpoints.
-    operator = Operator(env, log_dir, fast=False, extra=["--host-path-shared"])
+    operator = Operator(env, log_dir, fast=False, extra=["--host-path-shared", *extra])
     operator.start()
     try:
         operator.wait_ready(90)
         if rate:
             out = steady(env, "rlkube", jobs, rate, operator)
             out["operator_errors"] = operator.logs().count("reconcile failed")
+            out.update(operator_counters(operator))
+            warnings = env.api.request("GET", f"/api/v1/namespaces/{env.namespace}/events",
+                                       query={"fieldSelector": "type=Warning"}).get("items") or []
+            out["warning_events"] = len(warnings)
+            for event in warnings[:3]:  # say why, when a job had to wait
+                print(f"Warning {event['reason']} on {event['involvedObject']['name']}: {event['message']}", file=sys.stderr)
             return out
         path = f"/apis/rlkube.io/v1alpha1/namespaces/{env.namespace}/rltrainingjobs"
         bodies = [(path, env.job_body(f"job{i}", SPEC)) for i in range(jobs)]
@@ -206,6 +232,33 @@ def job_bodies(env: Env, jobs: int) -> list[tuple[str, dict]]:
             for i in range(jobs)]
 
 
+def run_ceiling(env: Env, jobs: int, threads: int = 32) -> dict:
+    """The API server's own ceiling for the operator's pod requests: every pod of every job created
+    gated and then ungated straight from this process, `threads` at a time, as fast as the API
+    server answers (no operator, no planning, no arrivals)."""
+    template = job_template(env)
+    names = [f"ceil{j}-{i}" for j in range(jobs) for i in range(8)]
+    api = KubeAPI.from_environment(env.kubeconfig, pool_size=threads)  # kept-alive connections, as the operator's
+    path = f"/api/v1/namespaces/{env.namespace}/pods"
+
+    def create(name: str) -> None:
+        api.request("POST", path, body={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **template["metadata"]},
+                                        "spec": json.loads(json.dumps(template["spec"]))})
+
+    def ungate(name: str) -> None:
+        api.request("PATCH", f"{path}/{name}", body=[{"op": "remove", "path": "/spec/schedulingGates/0"}],
+                    content_type="application/json-patch+json")
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(create, names))
+        created = time.monotonic() - t0
+        list(pool.map(ungate, names))
+    both = time.monotonic() - t0
+    return {"created_s": round(created, 2), "create_pods_per_s": round(len(names) / created, 1),
+            "create_and_ungate_s": round(both, 2), "pods_per_s": round(len(names) / both, 1), "threads": threads}
+
+
 def run_jobs(env: Env, jobs: int, rate: float | None = None) -> dict:
     if rate:
         return steady(env, "indexed-job", jobs, rate, None)
@@ -214,6 +267,18 @@ def run_jobs(env: Env, jobs: int, rate: float | None = None) -> dict:
     submit = create_all(env, bodies)
     created = wait_count(env, jobs * 8, 600, t0)
     return {"submit_s": round(submit, 2), "created_s": round(created, 2)}
+
+
+def wait_untainted(env: Env, timeout: float) -> None:
+    """Until the node lifecycle controller has lifted the not-ready taint it puts on every new node
+    (it lags under load): a plan before that rightly finds those nodes unusable (Unschedulable)."""
+    lifted = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+    def untainted() -> bool:
+        nodes = env.api.request("GET", "/api/v1/nodes").get("items") or []
+        return not any(t.get("key") in lifted for n in nodes for t in (n.get("spec") or {}).get("taints") or [])
+
+    wait_until("the new nodes' not-ready taints lifted", untainted, timeout, interval=1.0)
 
 
 def fresh_namespace(base: Env, tag: str) -> Env:
@@ -232,8 +297,11 @@ def drop_namespace(env: Env, arm: str) -> None:
     else:
         env.api.request("DELETE", f"/apis/batch/v1/namespaces/{ns}/jobs",
                         body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
-    env.api.request("DELETE", f"/api/v1/namespaces/{ns}/pods", timeout=600,
-                    body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+    try:
+        env.api.request("DELETE", f"/api/v1/namespaces/{ns}/pods", timeout=600,
+                        body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+    except Exception as exc:  # a delete of thousands of pods can outlast the API server's request timeout
+        print(f"deleting the pods of {ns}: {exc}; waiting for them to go", file=sys.stderr)
     wait_until(f"the pods of {ns} gone", lambda: pod_count(env) == 0, 600, interval=1.0)
     env.api.request("DELETE", f"/api/v1/namespaces/{ns}")
 
@@ -246,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=None,
                         help="jobs per second arriving steadily (default: all at once)")
     parser.add_argument("--kwok", action="store_true", help="kwok nodes instead of heartbeat-only Node objects")
+    parser.add_argument("--arms", default="rlkube,indexed-job",
+                        help="which arms to run (comma-separated; default both, side by side); 'ceiling': the "
+                             "same gated pods created and ungated by the bench itself, 32 requests at a time")
+    parser.add_argument("--operator-arg", action="append", default=[],
+                        help="an extra flag for the operator (repeatable), e.g. --operator-arg=--inventory=list")
     args = parser.parse_args(argv)
     # A SIGTERM (a timeout) still runs the clean-up below: the private control plane is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -264,19 +337,23 @@ def main(argv: list[str] | None = None) -> int:
                 for i in range(args.jobs)]
         kwok.add_nodes(layout, fake, timeout=600)
         base.nodes = [n.name for n in fake]
+        wait_untainted(base, 600)
         heart = None
     else:
         for i in range(args.jobs):
             base.add_node(f"n{i:03d}", gpus=8, labels={"nvidia.com/gpu.clique": f"c{i // 8}"})
         heart = Kubelet(base, pods=False).start()  # heartbeat only: the nodes stay Ready, no pod is touched
     log_dir = Path("/tmp/rlkube-bench-operator")
-    results: dict[str, list[dict]] = {"rlkube": [], "indexed-job": []}
+    results: dict[str, list[dict]] = {"rlkube": [], "indexed-job": [], "ceiling": []}
     try:
         for r in range(args.rounds):
-            for arm in ("rlkube", "indexed-job") if r % 2 == 0 else ("indexed-job", "rlkube"):
+            for arm in ("rlkube", "indexed-job", "ceiling") if r % 2 == 0 else ("ceiling", "indexed-job", "rlkube"):
+                if arm not in args.arms.split(","):
+                    continue
                 env = fresh_namespace(base, arm.split("-")[0])
                 try:
-                    out = (run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs, args.rate) if arm == "rlkube"
+                    out = (run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs, args.rate, args.operator_arg)
+                           if arm == "rlkube" else run_ceiling(env, args.jobs) if arm == "ceiling"
                            else run_jobs(env, args.jobs, args.rate))
                     out.update(case=f"apply-{args.jobs}x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
                     print(json.dumps(out), flush=True)
@@ -289,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in list(base.nodes):
                 base.delete_node(name)
         stop_private(layout)
-    if args.rate:
-        print(json.dumps({"case": "summary", **{arm: rows[0] for arm, rows in results.items()}}))
+    if args.rate or not all(results.values()):
+        print(json.dumps({"case": "summary", **{arm: rows[0] for arm, rows in results.items() if rows}}))
         return 0
 
     ours = statistics.median(r["created_s"] for r in results["rlkube"])

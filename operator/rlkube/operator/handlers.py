@@ -2,7 +2,9 @@
 
 The handlers are thin on purpose. A job event (including kopf's initial listing at start-up,
 which is how a restarted operator resumes every job) and an event of any pod labelled
-`rlkube.io/job` request a reconcile of that job; nothing else happens in a handler. The
+`rlkube.io/job` request a reconcile of that job; nothing else happens in a handler. Pod events
+come from the GPU inventory's pod watch (cluster_state.py), which sees every pod anyway, or,
+with a listed inventory, from a kopf handler. The
 `WorkQueue` runs at most one reconcile per job at a time on a thread pool, coalesces the
 requests that arrive meanwhile into one more run, retries conflicts at once and errors with
 backoff, and wakes a job when its decision asks (`requeue_after`: restart backoff, gang timeout,
@@ -27,6 +29,7 @@ import kopf
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION
 from rlkube.operator.cleanup import LABEL_CLEANUP
+from rlkube.operator.cluster_state import PodStore
 from rlkube.operator.kubeapi import ApiError, Conflict
 from rlkube.operator.metrics import Metrics
 from rlkube.operator.observed import LABEL_JOB
@@ -152,8 +155,10 @@ async def resync_loop(queue: WorkQueue, list_jobs: Callable[[], Iterable[Key]], 
         await asyncio.sleep(seconds)
 
 
-def build_registry(queue: WorkQueue) -> kopf.OperatorRegistry:
-    """A kopf registry with the operator's handlers (explicit, so nothing registers on import)."""
+def build_registry(queue: WorkQueue, pod_events: bool = True) -> kopf.OperatorRegistry:
+    """A kopf registry with the operator's handlers (explicit, so nothing registers on import).
+    `pod_events` False: rlkube pods' events come from the inventory's pod watch instead
+    (`follow_inventory_pods`), so the operator does not watch and decode every pod twice."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -174,8 +179,23 @@ def build_registry(queue: WorkQueue) -> kopf.OperatorRegistry:
         if event.get("type") != "DELETED":
             await queue.off_loop(queue.reconciler.remove_cleanup_pod, dict(body))
 
-    @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
-    async def pod_event(namespace, labels, **_):
-        queue.request((namespace, labels[LABEL_JOB]))
+    if pod_events:
+        @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+        async def pod_event(namespace, labels, **_):
+            queue.request((namespace, labels[LABEL_JOB]))
 
     return registry
+
+
+def follow_inventory_pods(queue: WorkQueue, pods: PodStore, namespaces: Iterable[str] = ()) -> None:
+    """Each event of a pod labelled rlkube.io/job in `namespaces` (empty: all) that the inventory's
+    pod watch receives requests its job's reconcile, as kopf's pod handler would (called on the
+    watch's thread: handed to the event loop)."""
+    loop = asyncio.get_running_loop()
+    watched = frozenset(namespaces)
+
+    def on_pod(key: Key) -> None:
+        if not watched or key[0] in watched:
+            loop.call_soon_threadsafe(queue.request, key)
+
+    pods.listener = on_pod

@@ -116,7 +116,6 @@ def inventory_from_objects(
     Used GPUs are the `resource` requests (or limits, when only limits are set) of pods bound to
     the node (`spec.nodeName`) that are not Succeeded or Failed. Sorted by node name.
     """
-    tolerations = list(tolerations or [])
     used: dict[str, int] = {}
     for pod in pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
@@ -124,20 +123,26 @@ def inventory_from_objects(
         if not node_name or phase in ("Succeeded", "Failed"):
             continue
         used[node_name] = used.get(node_name, 0) + _pod_gpu_request(pod, resource)
+    return inventory_from_usage(nodes, used, tolerations, resource)
 
-    inventory = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        if node_exclusion(node, tolerations) is not None:
-            continue
-        name = meta["name"]
-        allocatable = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(resource))
-        inventory.append(
-            NodeInventory(
-                name=name,
-                gpus_allocatable=allocatable,
-                gpus_used=used.get(name, 0),
-                labels=dict(meta.get("labels") or {}),
-            )
-        )
+
+def node_inventory(node: Mapping[str, Any], used: int, resource: str = GPU_RESOURCE) -> NodeInventory:
+    """One node's inventory entry, given the GPUs its pods hold."""
+    meta = node.get("metadata") or {}
+    allocatable = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(resource))
+    return NodeInventory(name=meta["name"], gpus_allocatable=allocatable, gpus_used=used,
+                         labels=dict(meta.get("labels") or {}))
+
+
+def inventory_from_usage(
+    nodes: list[dict],
+    used: Mapping[str, int],
+    tolerations: Sequence[Any] | None = None,
+    resource: str = GPU_RESOURCE,
+) -> list[NodeInventory]:
+    """The schedulable nodes (as `inventory_from_objects` picks them), with `used[node]` GPUs in
+    use on each. Sorted by node name."""
+    tolerations = list(tolerations or [])
+    inventory = [node_inventory(node, used.get((node.get("metadata") or {})["name"], 0), resource)
+                 for node in nodes if node_exclusion(node, tolerations) is None]
     return sorted(inventory, key=lambda n: n.name)

@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -25,6 +25,7 @@ from rlkube.runtime.contract.pod import LABEL_JOB
 
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
+LIST_TIMEOUT = 120.0  # a full list of a large cluster's pods (the inventory's first sync)
 FIELD_MANAGER = "rlkube-operator"
 WORKLOADS = f"/apis/{kueue_workload.API_VERSION}"
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -44,6 +45,21 @@ class Conflict(ApiError):
     """409 on an update with a resourceVersion precondition: the object changed; decide again."""
 
 
+def _decode(data: bytes) -> Any:
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"message": data[:500].decode(errors="replace")}
+
+
+def _error(status: int, payload: Any) -> ApiError:
+    body = payload if isinstance(payload, dict) else {}
+    error = Conflict if status == 409 and body.get("reason") == "Conflict" else ApiError
+    return error(status, str(body.get("reason") or ""), str(body.get("message") or ""))
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -52,7 +68,7 @@ class KubeAPI:
     """A minimal JSON client of one API server."""
 
     def __init__(self, host: str, ca_file: str | None = None, cert_file: str | None = None,
-                 key_file: str | None = None, token: Any = None, verify: bool = True, pool_size: int = 32) -> None:
+                 key_file: str | None = None, token: Any = None, verify: bool = True, pool_size: int = 64) -> None:
         self.host = host.rstrip("/")
         # `token` is a string or a zero-argument callable (a refreshing service-account token).
         self._token = token
@@ -64,7 +80,8 @@ class KubeAPI:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, context: str | None = None) -> KubeAPI:
+    def from_environment(cls, kubeconfig: str | None = None, context: str | None = None,
+                         pool_size: int = 64) -> KubeAPI:
         """From a kubeconfig (argument, or $KUBECONFIG, or ~/.kube/config), else in-cluster."""
         import os
 
@@ -83,7 +100,7 @@ class KubeAPI:
             return configuration.get_api_key_with_prefix("authorization") or configuration.get_api_key_with_prefix("BearerToken")
 
         return cls(configuration.host, ca_file=configuration.ssl_ca_cert, cert_file=configuration.cert_file,
-                   key_file=configuration.key_file, token=token, verify=configuration.verify_ssl)
+                   key_file=configuration.key_file, token=token, verify=configuration.verify_ssl, pool_size=pool_size)
 
     # -- transport ----------------------------------------------------------------------------
 
@@ -91,10 +108,7 @@ class KubeAPI:
                 content_type: str = "application/json", timeout: float | None = None,
                 accept: str = "application/json") -> Any:
         url = self.host + path + (("?" + urlencode(query)) if query else "")
-        headers = {"Accept": accept}
-        token = self._token() if callable(self._token) else self._token
-        if token:
-            headers["Authorization"] = token if " " in token else f"Bearer {token}"
+        headers = self._headers(accept)
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -103,17 +117,45 @@ class KubeAPI:
             method, url, body=data, headers=headers,
             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=timeout or READ_TIMEOUT),
         )
-        payload: Any = None
-        if response.data:
-            try:
-                payload = json.loads(response.data)
-            except ValueError:
-                payload = {"message": response.data[:500].decode(errors="replace")}
+        payload = _decode(response.data)
         if response.status >= 300:
-            status = payload if isinstance(payload, dict) else {}
-            error = Conflict if response.status == 409 and status.get("reason") == "Conflict" else ApiError
-            raise error(response.status, str(status.get("reason") or ""), str(status.get("message") or ""))
+            raise _error(response.status, payload)
         return payload
+
+    def _headers(self, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept}
+        token = self._token() if callable(self._token) else self._token
+        if token:
+            headers["Authorization"] = token if " " in token else f"Bearer {token}"
+        return headers
+
+    def list_at(self, path: str, query: Mapping[str, Any] | None = None,
+                accept: str = "application/json") -> tuple[list[dict], str]:
+        """A list and the resourceVersion it was taken at (where a watch of it starts)."""
+        out = self.request("GET", path, query=query, accept=accept, timeout=LIST_TIMEOUT)
+        return out.get("items") or [], str((out.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(self, path: str, query: Mapping[str, Any], seconds: int) -> Iterator[dict]:
+        """The events of a watch of `path` ({"type", "object"} each) until the API server ends it
+        after `seconds`; bookmarks included. A socket silent for `seconds` + 30 s raises (urllib3's
+        read timeout), so a watch cut off without a FIN never hangs its reader."""
+        params = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)}
+        response = self._pool.request(
+            "GET", self.host + path + "?" + urlencode(params), headers=self._headers("application/json"),
+            preload_content=False, timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=seconds + 30.0))
+        try:
+            if response.status >= 300:
+                raise _error(response.status, _decode(response.read()))
+            pending = b""
+            for chunk in response.stream(1 << 16):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:  # a stream left half read cannot go back to the pool: close it
+            response.close()
+            response.release_conn()
 
     # -- jobs ---------------------------------------------------------------------------------
 

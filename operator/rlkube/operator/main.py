@@ -18,6 +18,7 @@ import socket
 import sys
 import uuid
 
+from rlkube.operator.cluster_state import WatchedInventory
 from rlkube.operator.kubeapi import KubeAPI
 from rlkube.operator.leader import LeaderElector
 from rlkube.operator.lifecycle import Settings
@@ -25,6 +26,8 @@ from rlkube.operator.metrics import Metrics, serve
 from rlkube.operator.reconcile import Reconciler
 
 logger = logging.getLogger("rlkube.operator")
+
+INVENTORY_SYNC_SECONDS = 120
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds after which the API server ends each watch (kopf reconnects)")
     p.add_argument("--watch-client-timeout", type=int, default=330,
                    help="seconds after which a silent watch is abandoned client-side")
+    p.add_argument("--inventory", choices=("watch", "list"), default="watch",
+                   help="how plans see the GPU inventory: watches of nodes, pods and jobs kept in memory "
+                        "(default), or listings every 2 s (cluster_state.py)")
     p.add_argument("--liveness", default=None,
                    help="also serve kopf's own liveness endpoint at this URL (e.g. http://0.0.0.0:8081/healthz)")
     p.add_argument("--log-level", default=os.environ.get("RLKUBE_LOG_LEVEL", "INFO"))
@@ -120,10 +126,17 @@ def run(argv: list[str] | None = None) -> int:
         node_lost_counts=args.node_lost_counts,
         host_path_shared=args.host_path_shared,
     )
-    reconciler = Reconciler(api, settings, metrics)
+    inventory = None
+    if args.inventory == "watch":
+        inventory = WatchedInventory(api, args.namespace, seconds=args.watch_server_timeout).start()
+        if not inventory.wait_synced(INVENTORY_SYNC_SECONDS):
+            logger.warning("inventory: watches not listed within %ds; plans fail and retry until they are", INVENTORY_SYNC_SECONDS)
+    reconciler = Reconciler(api, settings, metrics, inventory=inventory, background_events=True)
     try:
         asyncio.run(_operate(args, api, reconciler, metrics))
     finally:
+        if inventory is not None:
+            inventory.stop()
         if elector is not None:
             elector.release()
     return 0
@@ -132,10 +145,13 @@ def run(argv: list[str] | None = None) -> int:
 async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconciler, metrics: Metrics) -> None:
     import kopf
 
-    from rlkube.operator.handlers import WorkQueue, build_registry, resync_loop
+    from rlkube.operator.handlers import WorkQueue, build_registry, follow_inventory_pods, resync_loop
 
     queue = WorkQueue(reconciler, workers=args.workers, metrics=metrics)
-    registry = build_registry(queue)
+    watched = isinstance(reconciler.inventory, WatchedInventory)
+    if watched:  # the inventory watches every pod already: its events wake the jobs
+        follow_inventory_pods(queue, reconciler.inventory.pods, args.namespace)
+    registry = build_registry(queue, pod_events=not watched)
     settings = kopf.OperatorSettings()
     settings.watching.server_timeout = args.watch_server_timeout
     settings.watching.client_timeout = args.watch_client_timeout

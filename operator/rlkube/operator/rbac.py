@@ -42,8 +42,10 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule(GROUP, "rltrainingjobs", "watched", {
         "get": "each reconcile reads the job fresh (spec, status, resourceVersion) before deciding",
-        "list": "kopf's initial listing, and the periodic resync that drives timeouts and progress",
-        "watch": "kopf's watch stream: a job change triggers its reconcile",
+        "list": "kopf's initial listing, the periodic resync that drives timeouts and progress, and the "
+        "inventory's list of the jobs waiting for a plan (first come, first served)",
+        "watch": "kopf's watch stream: a job change triggers its reconcile; the inventory keeps the "
+        "waiting jobs from a watch (cluster_state.py)",
         "delete": "ttlSecondsAfterFinished: a finished job is deleted (children go by ownerReference GC)",
     }),
     Rule(GROUP, "rltrainingjobs/status", "watched", {
@@ -88,10 +90,13 @@ RULES: tuple[Rule, ...] = (
     }),
     Rule("", "nodes", "cluster", {
         "list": "GPU inventory: allocatable nvidia.com/gpu, readiness, taints and topology labels",
+        "watch": "the GPU inventory is kept from a watch of nodes, not listed per plan (cluster_state.py)",
     }),
     Rule("", "pods", "cluster", {
         "list": "GPU inventory: GPUs requested by pods bound to each node, in any namespace, and "
         "GPUs reserved by other rlkube jobs' pods not bound yet",
+        "watch": "the GPU inventory is kept from a watch of pods, not listed per plan "
+        "(cluster_state.py)",
     }),
     Rule("apiextensions.k8s.io", "customresourcedefinitions", "cluster", {
         "list": "kopf's resource scan at startup finds the RLTrainingJob resource",

@@ -2,8 +2,8 @@
 
 `Reconciler.reconcile(namespace, name)` reads the job and its pods fresh from the API server
 (never from a cache, so a restarted operator decides on the same facts as the one before it),
-calls `lifecycle.decide`, lists nodes and bound pods only when the decision needs the GPU
-inventory, and applies the decision in the order that keeps every crash recoverable:
+calls `lifecycle.decide`, takes the GPU inventory (cluster_state.py: kept by watches in the
+operator) only when the decision needs it, and applies the decision in the order that keeps every crash recoverable:
 
 1. status (merge patch with the job's resourceVersion: a stale decision fails with Conflict and
    is recomputed, never recorded); a child the API server refuses as invalid (422) fails the job
@@ -12,7 +12,7 @@ inventory, and applies the decision in the order that keeps every crash recovera
    then pod deletions (grace 0 for pods stranded on a lost node);
 3. creations (AlreadyExists is success: names are deterministic);
 4. gate removals (JSON patch with `test` ops: only that attempt's pod, only our gate);
-5. Events; 6. deleting the job itself (ttlSecondsAfterFinished, with a uid precondition).
+5. Events (in the background); 6. deleting the job itself (ttlSecondsAfterFinished, with a uid precondition).
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlkube.operator import cleanup, kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
+from rlkube.operator.cluster_state import ListedInventory, WatchedInventory
 from rlkube.operator.kubeapi import ApiError, KubeAPI
-from rlkube.operator.lifecycle import Decision, Settings, cluster_view, decide
+from rlkube.operator.lifecycle import Decision, Settings, decide
+from rlkube.operator.lifecycle.cluster import cluster_view_of
 from rlkube.operator.lifecycle.rejection import rejected
 from rlkube.operator.metrics import Metrics
 from rlkube.operator.observed import GANG_GATE, LABEL_JOB, JobView, owned_by, pod_views
@@ -36,6 +39,8 @@ from rlkube.operator.progress_client import poll_progress
 from rlkube.operator.status import status_patch
 
 logger = logging.getLogger("rlkube.operator")
+
+EVENT_LANES = 4
 
 
 def utcnow() -> dt.datetime:
@@ -64,79 +69,6 @@ class Rejected(Exception):
         self.kind, self.name, self.message = kind, name, message
 
 
-class InventoryCache:
-    """Nodes and GPU-holding pods, listed at most every `ttl` seconds, plus the pods this
-    operator created since the last listing began (a list cannot contain those yet).
-
-    Listing every node and every pod of the cluster for each plan costs seconds once a cluster
-    holds hundreds of pods, and plans are made one at a time (under the reconciler's inventory
-    lock). Between listings the operator's own creations are the only change that matters for
-    over-commit, and those it knows: they are kept in a ledger until a fresh listing includes
-    them. Other changes (another scheduler's pods, a node going) are seen within `ttl`.
-    """
-
-    def __init__(self, api: KubeAPI, ttl: float = 2.0) -> None:
-        self.api = api
-        self.ttl = ttl
-        self._snapshot: tuple[list[dict], list[dict], list[dict]] | None = None
-        self._taken = 0.0
-        self.is_fresh = False  # whether the last get() listed anew
-        # pod key -> [when its create request finished (None: not yet), the pod]
-        self._ledger: dict[tuple[str, str], list] = {}
-        self._lock = threading.Lock()
-        self._jobs: tuple[float, str | None, list[dict]] | None = None  # (listed with, namespace, jobs)
-
-    def get(self, fresh: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
-        """(nodes, bound pods, unbound rlkube pods incl. the ledger's); `fresh`: list now."""
-        self.is_fresh = fresh or self._snapshot is None or time.monotonic() - self._taken > self.ttl
-        if self.is_fresh:
-            started = time.monotonic()
-            self._snapshot = (self.api.list_nodes(), self.api.list_bound_pods(), self.api.list_planned_pods())
-            self._taken = started
-            with self._lock:  # a listing begun after a create finished contains that pod
-                self._ledger = {k: v for k, v in self._ledger.items() if v[0] is None or v[0] >= started}
-        nodes, bound, planned = self._snapshot
-        with self._lock:
-            listed = {((p.get("metadata") or {}).get("namespace"), (p.get("metadata") or {}).get("name")) for p in planned}
-            extra = [pod for key, (_, pod) in self._ledger.items() if key not in listed]
-        return nodes, bound, planned + extra
-
-    @staticmethod
-    def _key(pod: dict) -> tuple[str, str]:
-        return pod["metadata"]["namespace"], pod["metadata"]["name"]
-
-    def record(self, pods: list[dict]) -> None:
-        """Pods a decision is about to create: they count from now on."""
-        with self._lock:
-            for pod in pods:
-                self._ledger[self._key(pod)] = [None, pod]
-
-    def settle(self, pods: list[dict]) -> None:
-        """Their create requests are done (made, or failed): the next listing tells."""
-        now = time.monotonic()
-        with self._lock:
-            for pod in pods:
-                entry = self._ledger.get(self._key(pod))
-                if entry is not None:
-                    entry[0] = now
-
-    def invalidate(self) -> None:
-        self._snapshot = None
-
-    def jobs(self, namespace: str) -> list[dict]:
-        """The RLTrainingJobs planning queues behind (lifecycle/fifo.py), listed with the nodes:
-        all namespaces', or `namespace`'s where the operator may read only the ones it watches."""
-        if self._jobs is None or self._jobs[0] != self._taken:
-            try:
-                self._jobs = (self._taken, None, self.api.list_jobs(None))
-            except ApiError as exc:
-                if exc.status != 403:
-                    raise
-                self._jobs = (self._taken, namespace, self.api.list_jobs(namespace))
-        scope = self._jobs[1]
-        return self._jobs[2] if scope is None or scope == namespace else self.api.list_jobs(namespace)
-
-
 class Reconciler:
     """Applies `lifecycle.decide` to the cluster for one job at a time (thread-safe per job)."""
 
@@ -147,6 +79,8 @@ class Reconciler:
         metrics: Metrics | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
         progress: Callable[[str | None, int], dict | None] = poll_progress,
+        inventory: WatchedInventory | ListedInventory | None = None,
+        background_events: bool = False,
     ) -> None:
         self.api = api
         self.settings = settings
@@ -154,8 +88,16 @@ class Reconciler:
         self.clock = clock
         self.progress = progress
         self._inventory_lock = threading.Lock()
-        self.inventory = InventoryCache(api)
-        self._writers = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="create")
+        # The operator passes a started WatchedInventory (main.py); without one, listings.
+        self.inventory = inventory if inventory is not None else ListedInventory(api)
+        # Shared by every reconcile's creates and gate removals: at 16 reconciles at once, a 16-thread
+        # pool queued one job's gang behind another's (issue 20's profile); the API client keeps 64
+        # connections (kubeapi.py), enough for these, the reconcile workers and the watches.
+        self._writers = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="create")
+        # Events posted off the reconcile's path (the operator): one thread per lane, a job always
+        # on the same lane, so its Events keep their order.
+        self._event_lanes = [concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"event{i}")
+                             for i in range(EVENT_LANES if background_events else 0)]
 
     def reconcile(self, namespace: str, name: str, poll_progress: bool = False) -> Decision | None:
         """Reconcile once. Returns the decision (None: the job is gone or being deleted).
@@ -166,6 +108,8 @@ class Reconciler:
         started = time.monotonic()
         action = "error"
         try:
+            # The job and its pods are read at once (two requests, one round trip).
+            listing = self._writers.submit(self.api.list_pods, namespace, f"{LABEL_JOB}={name}")
             body = self.api.get_job(namespace, name)
             if body is None:
                 action = "gone"
@@ -176,7 +120,7 @@ class Reconciler:
                 action = "deleting"  # children go by ownerReference garbage collection
                 self.metrics.forget_job(namespace, name)
                 return None
-            objs = [p for p in self.api.list_pods(namespace, f"{LABEL_JOB}={name}") if owned_by(p, job.ref.uid)]
+            objs = [p for p in listing.result() if owned_by(p, job.ref.uid)]
             pods = pod_views(objs)
             report = (self._poll(job, pods) if poll_progress else None) or final_report(job, pods)
             kueue = self._kueue(job)
@@ -202,7 +146,7 @@ class Reconciler:
         else:
             # Planning and admission read the GPU inventory one job at a time; a plan's pods
             # enter the inventory's ledger before the lock is released, so the next plan counts
-            # them even while their creates are still in flight (see InventoryCache).
+            # them even while their creates are still in flight (cluster_state.Ledger).
             with self._inventory_lock:
                 decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
                 self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
@@ -250,16 +194,16 @@ class Reconciler:
         A decision that ends a healthy attempt because of the inventory (an elastic grow, a gang
         whose planned GPUs were taken before admission: action "replan") restarts every pod of the
         gang, so it is never taken on a cached listing: another workload's pods bound in the last
-        `ttl` seconds are not in it. It is decided again on a listing taken now."""
-        def on(listing: tuple[list[dict], list[dict], list[dict]]) -> Decision:
-            nodes, bound, planned = listing
-            cluster = cluster_view(nodes, bound, job.spec, planned, job.ref.uid, own_pods=objs,
-                                   jobs=self.inventory.jobs(job.namespace))
+        `ttl` seconds (or not yet delivered by the watch) are not in it. It is decided again on a
+        listing taken now."""
+        def on(fresh: bool) -> Decision:
+            cluster = cluster_view_of(self.inventory.snapshot(job.namespace, fresh), job.spec, job.ref.uid,
+                                      own_pods=objs)
             return decide(job, pods, now, cluster, report, self.settings, *kueue)
 
-        decision = on(self.inventory.get())
+        decision = on(False)
         if decision.action == "replan" and not self.inventory.is_fresh:
-            decision = on(self.inventory.get(fresh=True))
+            decision = on(True)
         return decision
 
     def _poll(self, job: JobView, pods: list) -> dict | None:
@@ -285,17 +229,19 @@ class Reconciler:
             self.api.delete_pod(ns, pod)
         for pod in decision.force_delete:  # stranded on a lost node: no kubelet will confirm it gone
             self.api.delete_pod(ns, pod, grace_seconds=0)
+        # Service, ConfigMap and the gang's pods are independent requests, made concurrently (one
+        # round trip) when our gate holds every pod until all creates succeeded: none can start
+        # before the ConfigMap it mounts and the Service it resolves exist. Pods not gated by us
+        # (Kueue, Volcano) are created after those. Then the gates, concurrently.
         pods = [obj for obj in decision.create if obj["kind"] == "Pod"]
-        for obj in decision.create:
-            if obj["kind"] != "Pod":  # Service and ConfigMap first: pods mount and resolve them
-                if not self._create(obj) and obj["kind"] == "ConfigMap":
-                    self._refresh_configmap(obj)
-        # A gang's pods are independent requests: create them concurrently (one round trip).
-        list(self._writers.map(self._create, pods))
+        if all(GANG_GATE in {g.get("name") for g in obj["spec"].get("schedulingGates") or ()} for obj in pods):
+            list(self._writers.map(self._create_child, decision.create))
+        else:
+            list(self._writers.map(self._create_child, [obj for obj in decision.create if obj["kind"] != "Pod"]))
+            list(self._writers.map(self._create_child, pods))
         list(self._writers.map(lambda g: self.api.remove_gate(ns, g.name, g.position, GANG_GATE, g.attempt),
                                decision.ungate))
-        for event in decision.events:
-            self._event(job, event.type, event.reason, event.message)
+        self._post_events(job, decision.events)
         if decision.delete_job:
             self.api.delete_job(ns, name, job.ref.uid)
         logger.debug("reconciled %s/%s: action=%s phase=%s", ns, name, decision.action, decision.status.get("phase"))
@@ -331,6 +277,10 @@ class Reconciler:
         self.api.delete_pod(meta["namespace"], meta["name"], meta.get("uid"))
         return True
 
+    def _create_child(self, obj: dict[str, Any]) -> None:
+        if not self._create(obj) and obj["kind"] == "ConfigMap":  # exists: rewrite it if the spec changed
+            self._refresh_configmap(obj)
+
     def _create(self, obj: dict[str, Any]) -> bool:
         try:
             return self.api.create(obj)
@@ -345,6 +295,14 @@ class Reconciler:
         existing = self.api.get("ConfigMap", meta["namespace"], meta["name"])
         if existing is not None and (existing.get("data") or {}) != obj["data"]:
             self.api.patch_configmap_data(meta["namespace"], meta["name"], obj["data"])
+
+    def _post_events(self, job: JobView, events: Sequence[Any]) -> None:
+        if not self._event_lanes:
+            for event in events:
+                self._event(job, event.type, event.reason, event.message)
+        elif events:  # information, not a step of the decision: the reconcile does not wait for it
+            lane = self._event_lanes[zlib.crc32(job.ref.uid.encode()) % len(self._event_lanes)]
+            lane.submit(lambda: [self._event(job, e.type, e.reason, e.message) for e in events])
 
     def _event(self, job: JobView, type_: str, reason: str, message: str) -> None:
         involved = {"apiVersion": API_VERSION, "kind": KIND, "name": job.name, "namespace": job.namespace,

@@ -220,7 +220,7 @@ def test_a_grow_is_confirmed_on_a_fresh_listing_before_the_gang_is_restarted():
     restarting the gang would only plan it small again, so it keeps running."""
     w, api, reconciler = running_small_job()
     api.bound = [p for p in api.bound if p["metadata"]["namespace"] != "others"]
-    reconciler.inventory.get()  # cached: node a looks free
+    reconciler.inventory.snapshot("team")  # cached: node a looks free
     api.bound = w.bound()       # the API server now: a is held again
     decision = reconciler.reconcile("team", "tiny")
     assert decision.action != "replan" and not api.deleted and w.status["phase"] == "Running", decision
@@ -231,7 +231,7 @@ def test_a_grow_that_a_fresh_listing_confirms_goes_ahead():
     w, api, reconciler = running_small_job()
     w.other_pods = []
     api.bound = w.bound()
-    reconciler.inventory.get()
+    reconciler.inventory.snapshot("team")
     decision = reconciler.reconcile("team", "tiny")
     assert decision.action == "replan" and len(api.deleted) == 1 and w.status["phase"] == "Restarting"
     assert api.listings == 2 and "ElasticGrow" in w.reasons()

@@ -130,37 +130,3 @@ def test_health_ready_and_metrics_endpoint():
         assert get("/healthz")[0] == 503
     finally:
         server.shutdown()
-
-
-def test_inventory_cache_counts_in_flight_creates_until_a_later_listing_has_them():
-    from rlkube.operator.reconcile import InventoryCache
-
-    class API:
-        calls = 0
-        planned: list = []
-
-        def list_nodes(self):
-            API.calls += 1
-            return []
-
-        def list_bound_pods(self):
-            return []
-
-        def list_planned_pods(self):
-            return list(API.planned)
-
-    pod = {"metadata": {"namespace": "ns", "name": "j-actor-0"}}
-    cache = InventoryCache(API(), ttl=0.05)
-    assert cache.get()[2] == [] and API.calls == 1
-    cache.record([pod])
-    assert cache.get()[2] == [pod] and API.calls == 1        # within ttl: no new listing
-    time.sleep(0.06)
-    assert cache.get()[2] == [pod] and API.calls == 2        # create not done: kept over a refresh
-    cache.settle([pod])
-    API.planned = [pod]                                       # the server has it now
-    assert cache.get()[2] == [pod]                            # listed or ledger, never twice
-    time.sleep(0.06)
-    assert cache.get()[2] == [pod] and API.calls == 3         # a listing begun after the create: ledger drops it
-    API.planned = []
-    time.sleep(0.06)
-    assert cache.get()[2] == []

@@ -11,10 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkube.operator import render
-from rlkube.operator.inventory import NodeInventory, inventory_from_objects, node_exclusion
+from rlkube.operator.gpu_use import InventorySnapshot, pod_use, snapshot_from_objects
+from rlkube.operator.inventory import NodeInventory, node_exclusion, node_inventory
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_jobs
-from rlkube.operator.observed import owned_by
 from rlkube.operator.placement import Placement, Unplaceable, plan_placement, request_from_spec
 
 # Kubernetes' taint for a node shut down without a graceful drain (non-graceful node shutdown):
@@ -60,31 +59,49 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
     `jobs` are the RLTrainingJobs of the cluster: those waiting for a plan queue first come, first
     served (lifecycle/fifo.py).
     """
-    if own_pods is not None and own_uid:
-        pods = [p for p in pods if not owned_by(p, own_uid)] + [p for p in own_pods if owned_by(p, own_uid)]
+    snapshot = snapshot_from_objects(nodes, [*pods, *planned], waiting_jobs(jobs))
+    return cluster_view_of(snapshot, spec, own_uid, own_pods)
 
-    reserved = []
-    for pod in planned:  # pod metadata is enough: planned node and GPUs are annotations
-        meta = pod.get("metadata") or {}
-        notes = meta.get("annotations") or {}
-        node = notes.get(render.PLANNED_NODE_ANNOTATION)
-        if node and not owned_by(pod, own_uid) and not meta.get("deletionTimestamp"):
-            gpus = notes.get(render.GPUS_ANNOTATION, "0")
-            reserved.append({"metadata": meta, "spec": {"nodeName": node, "containers": [
-                {"name": "trainer", "resources": {"requests": {render.GPU_RESOURCE: gpus}}}]}})
-    inventory = inventory_from_objects(nodes, [*pods, *reserved], tolerations=list(spec.tolerations))
+
+def cluster_view_of(snapshot: InventorySnapshot, spec: Any, own_uid: str = "",
+                    own_pods: list[dict] | None = None) -> Cluster:
+    """`cluster_view` on a snapshot (gpu_use.py): from a watch-fed store or from one listing.
+
+    Other owners' bound and planned pods count where they are; the job's own planned pods do not;
+    the job's own bound pods count as `own_pods` (fresher) says, or as the snapshot says when
+    `own_pods` is None."""
+    used = snapshot.used_by_others(own_uid)
+    if own_uid and own_pods is not None:
+        own = {}
+        for pod in own_pods:
+            use = pod_use(pod)
+            if own_uid in use.owners and use.bound_gpus:
+                own[use.node] = own.get(use.node, 0) + use.bound_gpus
+    else:
+        own = dict(snapshot.owner_bound.get(own_uid) or {}) if own_uid else {}
+    for node, gpus in own.items():
+        used[node] = used.get(node, 0) + gpus
+    tolerations = list(spec.tolerations)
     selector = dict(spec.node_selector or {})
-    if selector:
-        inventory = [n for n in inventory if all(n.labels.get(k) == v for k, v in selector.items())]
-    names = frozenset((n.get("metadata") or {}).get("name") for n in nodes)
-    excluded = _excluded(nodes, spec, selector)
-    # From the same listing as the inventory, so "free if this job let go" is exact even when
-    # the listing is a little older than the job's own pod list.
-    own = inventory_from_objects(nodes, [p for p in pods if own_uid and owned_by(p, own_uid)],
-                                 tolerations=list(spec.tolerations))
-    return Cluster(inventory=inventory, node_names=names, own_gpus={n.name: n.gpus_used for n in own if n.gpus_used},
-                   health={(n.get("metadata") or {}).get("name"): _health(n) for n in nodes}, excluded=excluded,
-                   waiting=tuple(waiting_jobs(jobs)))
+    inventory, excluded, health, usable = [], {}, {}, set()
+    for node in snapshot.nodes:  # one pass: a plan reads up to thousands of nodes
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        health[name] = _health(node)
+        why = node_exclusion(node, tolerations)
+        if why is None:
+            usable.add(name)
+            labels = meta.get("labels") or {}
+            mismatch = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
+            if not mismatch:
+                inventory.append(node_inventory(node, used.get(name, 0)))
+                continue
+            why = f"do not match nodeSelector {', '.join(mismatch)}"
+        excluded[name] = why
+    inventory.sort(key=lambda n: n.name)
+    return Cluster(inventory=inventory, node_names=frozenset(health),
+                   own_gpus={node: gpus for node, gpus in own.items() if node in usable}, health=health,
+                   excluded=excluded, waiting=tuple(snapshot.waiting))
 
 
 def _health(node: Mapping[str, Any]) -> NodeHealth:
@@ -92,21 +109,6 @@ def _health(node: Mapping[str, Any]) -> NodeHealth:
     taints = (node.get("spec") or {}).get("taints") or []
     return NodeHealth(ready=str(ready.get("status") or ""), since=ready.get("lastTransitionTime"),
                       out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints))
-
-
-def _excluded(nodes: list[dict], spec: Any, selector: Mapping[str, str]) -> dict[str, str]:
-    """Node -> why the job's pods cannot go there (the node's state, a taint, the nodeSelector)."""
-    out = {}
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        why = node_exclusion(node, list(spec.tolerations))
-        labels = meta.get("labels") or {}
-        mismatch = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
-        if why is None and mismatch:
-            why = f"do not match nodeSelector {', '.join(mismatch)}"
-        if why is not None:
-            out[meta.get("name")] = why
-    return out
 
 
 def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str | None:

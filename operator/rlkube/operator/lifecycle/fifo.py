@@ -57,22 +57,25 @@ class WaitingJob:
 
 def waiting_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[WaitingJob]:
     """The jobs among `jobs` (raw API objects) that wait for a plan, oldest first."""
-    out = []
-    for obj in jobs:
-        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("placement") or status.get("phase") not in (None, "", "Pending"):
-            continue
-        try:
-            spec = parse_spec(obj.get("spec") or {})
-        except Exception:  # pydantic.ValidationError: the job fails on its own reconcile
-            continue
-        ref = JobRef(name=meta.get("name") or "", namespace=meta.get("namespace") or "default",
-                     uid=meta.get("uid") or "", labels=dict(meta.get("labels") or {}))
-        if spec.run_policy.suspend or not render.uses_gang_gate(ref, spec):
-            continue
-        out.append(WaitingJob(ref.namespace, ref.name, ref.uid, str(meta.get("creationTimestamp") or ""),
-                              spec.priority_class_name or "", spec))
-    return sorted(out, key=lambda w: w.order)
+    return sorted((w for w in map(waiting_job, jobs) if w is not None), key=lambda w: w.order)
+
+
+def waiting_job(obj: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], Any] | None = None) -> WaitingJob | None:
+    """`obj` (a raw RLTrainingJob) as a `WaitingJob`, or None when it does not wait for a plan.
+    `parse` turns the object into its spec (a caching parser, say); default `parse_spec`."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("placement") or status.get("phase") not in (None, "", "Pending"):
+        return None
+    try:
+        spec = parse(obj) if parse is not None else parse_spec(obj.get("spec") or {})
+    except Exception:  # pydantic.ValidationError: the job fails on its own reconcile
+        return None
+    ref = JobRef(name=meta.get("name") or "", namespace=meta.get("namespace") or "default",
+                 uid=meta.get("uid") or "", labels=dict(meta.get("labels") or {}))
+    if spec.run_policy.suspend or not render.uses_gang_gate(ref, spec):
+        return None
+    return WaitingJob(ref.namespace, ref.name, ref.uid, str(meta.get("creationTimestamp") or ""),
+                      spec.priority_class_name or "", spec)
 
 
 def ahead_of(job: JobView, waiting: Sequence[WaitingJob]) -> list[WaitingJob]:

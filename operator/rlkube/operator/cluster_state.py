@@ -1,0 +1,315 @@
+"""The GPU inventory plans are made on: kept by watches (`WatchedInventory`), or listed (`ListedInventory`).
+
+A plan needs every node, the GPUs every unfinished pod of the cluster holds or is planned to take,
+and the jobs waiting ahead of it. Listing all of that for each plan costs more with every pod the
+cluster holds (at 1,000 jobs x 8 pods, tens of MB decoded per plan: issue 20's profile), so the
+operator keeps it instead: one list and then a watch each of nodes, pods and
+RLTrainingJobs (watch.py), reduced as events arrive (pods to `gpu_use.PodUse`, jobs to
+`fifo.WaitingJob`, nodes to the fields placement reads) and summed per node (`gpu_use.GpuUse`).
+A plan then costs one pass over the nodes, not a decode of the cluster.
+
+What a watch cannot know yet is the operator's own plans: the pods of a plan made a moment ago
+may not have been created, or their ADDED events not delivered, when the next job plans. Both
+inventories keep a ledger of them: a plan's pods are recorded before the planning lock is
+released and count until the store has the pod (same attempt), so two jobs planned back to back
+never get the same GPUs; a job with pods in the store or the ledger is not waiting for a plan
+either. A ledger entry whose create finished but never showed up (created and deleted between
+two lists, or refused) is dropped after `LEDGER_GRACE` seconds or at the next full list.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rlkube.operator.api import GROUP, PLURAL, VERSION, parse_spec
+from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_use, snapshot_from_objects
+from rlkube.operator.kubeapi import ApiError, KubeAPI
+from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
+from rlkube.operator.watch import Reflector
+
+LEDGER_GRACE = 30.0
+SYNC_WAIT_SECONDS = 30.0
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def reduce_node(node: Mapping[str, Any]) -> dict:
+    """The fields of a node that planning reads (inventory.py, lifecycle/cluster.py)."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    return {
+        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+        "spec": {"unschedulable": spec.get("unschedulable", False), "taints": list(spec.get("taints") or [])},
+        "status": {"allocatable": dict(status.get("allocatable") or {}),
+                   "conditions": [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]},
+    }
+
+
+class Ledger:
+    """Pods this operator decided to create, counted until the inventory has them."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Key, list] = {}  # key -> [create finished at (None: not yet), PodUse]
+        self._lock = threading.Lock()
+
+    def record(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            for pod in pods:
+                use = pod_use(pod)
+                self._entries[use.key] = [None, use]
+
+    def settle(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for pod in pods:
+                entry = self._entries.get(_key(pod))
+                if entry is not None:
+                    entry[0] = now
+
+    def forget_settled_before(self, when: float) -> None:
+        with self._lock:
+            self._entries = {k: v for k, v in self._entries.items() if v[0] is None or v[0] >= when}
+
+    def pending(self, known: Mapping[Key, PodUse]) -> tuple[PodUse, ...]:
+        """Entries `known` (the store) does not have at their attempt yet; the others are dropped."""
+        expired = time.monotonic() - LEDGER_GRACE
+        with self._lock:
+            keep = {}
+            for key, (settled, use) in self._entries.items():
+                seen = known.get(key)
+                if (seen is not None and seen.attempt == use.attempt) or (settled is not None and settled < expired):
+                    continue
+                keep[key] = [settled, use]
+            self._entries = keep
+            return tuple(use for _, use in keep.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class PodStore:
+    """The unfinished pods of every namespace, reduced, with their GPUs summed (a watch's store)."""
+
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        self.use = GpuUse()
+        self.lock = threading.Lock()
+        self.ledger = ledger
+        # Called (on the watch's thread) with each rlkube pod event's (namespace, job name): the
+        # operator requests that job's reconcile from here instead of watching the pods twice.
+        self.listener: Callable[[Key], None] | None = None
+
+    def replace(self, items: list[dict]) -> None:
+        started = time.monotonic()
+        fresh = GpuUse()
+        for obj in items:
+            fresh.put(pod_use(obj))
+        with self.lock:
+            self.use = fresh
+        if self.ledger is not None:  # a list begun after a create finished has that pod, or it is gone
+            self.ledger.forget_settled_before(started)
+
+    def apply(self, kind: str, obj: dict) -> None:
+        use = pod_use(obj)
+        with self.lock:
+            if kind == "DELETED" or use.finished:
+                self.use.drop(use.key)
+            else:
+                self.use.put(use)
+        if self.listener is not None and use.job:
+            self.listener((use.key[0], use.job))
+
+
+class NodeStore:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict] = {}
+        self.lock = threading.Lock()
+
+    def replace(self, items: list[dict]) -> None:
+        fresh = {n["metadata"]["name"]: reduce_node(n) for n in items}
+        with self.lock:
+            self.nodes = fresh
+
+    def apply(self, kind: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        with self.lock:
+            if kind == "DELETED":
+                self.nodes.pop(name, None)
+            else:
+                self.nodes[name] = reduce_node(obj)
+
+
+class JobStore:
+    """RLTrainingJobs reduced to whether (and how) they wait for a plan (lifecycle/fifo.py).
+    A spec is parsed once per (uid, generation): status writes do not parse it again."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[Key, WaitingJob] = {}
+        self._specs: dict[str, tuple[int, Any]] = {}  # uid -> (generation, spec)
+        self.lock = threading.Lock()
+
+    def _parse(self, obj: Mapping[str, Any]) -> Any:
+        meta = obj.get("metadata") or {}
+        uid, generation = meta.get("uid") or "", int(meta.get("generation") or 0)
+        cached = self._specs.get(uid)
+        if cached is None or cached[0] != generation:
+            cached = (generation, parse_spec(obj.get("spec") or {}))
+            self._specs[uid] = cached
+        return cached[1]
+
+    def _reduce(self, obj: Mapping[str, Any]) -> WaitingJob | None:
+        return waiting_job(obj, self._parse)
+
+    def replace(self, items: list[dict]) -> None:
+        with self.lock:
+            uids = {(o.get("metadata") or {}).get("uid") for o in items}
+            self._specs = {uid: spec for uid, spec in self._specs.items() if uid in uids}
+            self.waiting = {_key(o): w for o in items if (w := self._reduce(o)) is not None}
+
+    def apply(self, kind: str, obj: dict) -> None:
+        key = _key(obj)
+        with self.lock:
+            reduced = None if kind == "DELETED" else self._reduce(obj)
+            if kind == "DELETED":
+                self._specs.pop((obj.get("metadata") or {}).get("uid"), None)
+            if reduced is None:
+                self.waiting.pop(key, None)
+            else:
+                self.waiting[key] = reduced
+
+
+class WatchedInventory:
+    """Nodes, unfinished pods and RLTrainingJobs kept by watches (see the module docstring).
+
+    `job_namespaces`: the namespaces whose jobs queue together (the operator's watched ones);
+    empty: all namespaces."""
+
+    # A watch lags the API server a little: a decision that restarts a healthy gang because of the
+    # inventory is confirmed on `snapshot(fresh=True)`, a listing (reconcile.py).
+    is_fresh = False
+
+    def __init__(self, api: KubeAPI, job_namespaces: Iterable[str] = (), seconds: int = 300) -> None:
+        self.api = api
+        self.ledger = Ledger()
+        self.pods, self.nodes = PodStore(self.ledger), NodeStore()
+        namespaces = list(job_namespaces)
+        job_paths = ([f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
+                     or [f"/apis/{GROUP}/{VERSION}/{PLURAL}"])
+        self.jobs_by_ns = [JobStore() for _ in job_paths]
+        self.reflectors = [
+            Reflector(api, "/api/v1/nodes", self.nodes, seconds=seconds, name="nodes"),
+            # Every pod, finished ones too: their events (a failed pod deleted, say) wake their job.
+            Reflector(api, "/api/v1/pods", self.pods, seconds=seconds, name="pods"),
+            *(Reflector(api, path, store, seconds=seconds, name=f"rltrainingjobs{i}")
+              for i, (path, store) in enumerate(zip(job_paths, self.jobs_by_ns, strict=True))),
+        ]
+
+    def start(self) -> WatchedInventory:
+        for reflector in self.reflectors:
+            reflector.start()
+        return self
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self.reflectors)
+
+    def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
+
+    def record(self, pods: list[dict]) -> None:
+        self.ledger.record(pods)
+
+    def settle(self, pods: list[dict]) -> None:
+        self.ledger.settle(pods)
+
+    def invalidate(self) -> None:
+        """Creates ended in an error: nothing to do, the watch shows what was made."""
+
+    def _waiting(self, active: Mapping[str, int], extra: Iterable[PodUse]) -> tuple[WaitingJob, ...]:
+        planned = {uid for use in extra for uid in use.owners}
+        waiting = []
+        for store in self.jobs_by_ns:
+            with store.lock:
+                waiting.extend(w for w in store.waiting.values() if w.uid not in active and w.uid not in planned)
+        return tuple(sorted(waiting, key=lambda w: w.order))
+
+    def snapshot(self, namespace: str = "", fresh: bool = False) -> InventorySnapshot:
+        """What a plan is made on now; `fresh`: nodes and pods listed now, not the watches' copy.
+        Raises while the watches have not listed yet (the reconcile is retried with backoff)."""
+        if not self.wait_synced(SYNC_WAIT_SECONDS):
+            raise RuntimeError("GPU inventory: the node, pod and job watches have not listed yet")
+        with self.pods.lock:
+            use = self.pods.use
+            extra = self.ledger.pending(use.pods)
+            active = dict(use.active_owners)
+            if not fresh:
+                bound, reserved = dict(use.bound), dict(use.reserved)
+                owner_bound = {uid: dict(t) for uid, t in use.owner_bound.items()}
+                owner_reserved = {uid: dict(t) for uid, t in use.owner_reserved.items()}
+        waiting = self._waiting(active, extra)
+        if fresh:
+            listed = snapshot_from_objects(self.api.list_nodes(), [*self.api.list_bound_pods(),
+                                                                     *self.api.list_planned_pods()], waiting)
+            return InventorySnapshot(listed.nodes, listed.bound, listed.reserved, listed.owner_bound,
+                                     listed.owner_reserved, waiting, extra)
+        with self.nodes.lock:
+            nodes = list(self.nodes.nodes.values())
+        return InventorySnapshot(nodes, bound, reserved, owner_bound, owner_reserved, waiting, extra)
+
+
+class ListedInventory:
+    """Nodes, bound pods, unbound rlkube pods and jobs listed at most every `ttl` seconds, plus
+    the ledger. For an operator that may not watch (and the unit tests' fake API servers)."""
+
+    def __init__(self, api: KubeAPI, ttl: float = 2.0) -> None:
+        self.api = api
+        self.ttl = ttl
+        self.ledger = Ledger()
+        self.is_fresh = False  # whether the last snapshot listed anew
+        self._listing: tuple[float, list[dict], list[dict]] | None = None  # (taken, nodes, pods)
+        self._jobs: dict[str, tuple[float, list[WaitingJob]]] = {}
+
+    def snapshot(self, namespace: str = "", fresh: bool = False) -> InventorySnapshot:
+        self.is_fresh = fresh or self._listing is None or time.monotonic() - self._listing[0] > self.ttl
+        if self.is_fresh:
+            started = time.monotonic()
+            self._listing = (started, self.api.list_nodes(), [*self.api.list_bound_pods(),
+                                                              *self.api.list_planned_pods()])
+            self.ledger.forget_settled_before(started)
+        taken, nodes, pods = self._listing
+        listed = snapshot_from_objects(nodes, pods)
+        uses = [pod_use(p) for p in pods]
+        extra = self.ledger.pending({u.key: u for u in uses})
+        planned = {uid for use in (*uses, *extra) if use.active for uid in use.owners}
+        waiting = tuple(w for w in self._waiting(namespace, taken) if w.uid not in planned)
+        return InventorySnapshot(listed.nodes, listed.bound, listed.reserved, listed.owner_bound,
+                                 listed.owner_reserved, waiting, extra)
+
+    def _waiting(self, namespace: str, taken: float) -> list[WaitingJob]:
+        """The RLTrainingJobs waiting for a plan, listed with the nodes: all namespaces', or
+        `namespace`'s where the operator may read only the ones it watches."""
+        cached = self._jobs.get(namespace)
+        if cached is None or cached[0] != taken:
+            try:
+                jobs = self.api.list_jobs(None)
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                jobs = self.api.list_jobs(namespace)
+            cached = (taken, waiting_jobs(jobs))
+            self._jobs[namespace] = cached
+        return cached[1]
+
+    def record(self, pods: list[dict]) -> None:
+        self.ledger.record(pods)
+
+    def settle(self, pods: list[dict]) -> None:
+        self.ledger.settle(pods)
+
+    def invalidate(self) -> None:
+        self._listing = None

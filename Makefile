@@ -17,7 +17,7 @@ PYTEST     := $(PY) -m pytest -p no:cacheprovider
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
 .PHONY: training-tests soak
-.PHONY: kind-bins docker-up docker-down kind-teardown-test
+.PHONY: kind-bins kind-node-image docker-up docker-down kind-teardown-test
 
 help:
 	@echo "make demo         local cluster + operator (Helm) + tiny DPO job trained on CPU stubs"
@@ -94,14 +94,20 @@ cluster-down:
 	$(PYTHON_SYS) tests/cluster/cluster.py down
 	$(PYTHON_SYS) tests/cluster/docker_engine.py down
 
-# The kind path (issue 19, docs/cluster.md "kind"): kind, kubeadm, kube-proxy and the runc-caps
-# wrapper built from their Go modules, and the project's own Docker engine (Debian's docker.io,
-# installed when missing; no iptables rules, the host's FORWARD policy untouched). docker-down
-# (also run by cluster-down) stops only an engine the project started and fails when the host's
-# firewall differs from what it recorded. kind-teardown-test checks that (root, ~10 s; run it
-# under the cluster lock). None of this is part of `make test`.
+# The kind path (issue 19, docs/cluster.md "The kind path"): `RLKUBE_CLUSTER=kind make cluster-up`,
+# `... make demo`, `... make e2e` run on a kind cluster instead of the harness's. kind, kubeadm,
+# kube-proxy, CoreDNS and the runc-caps wrapper built from their Go modules (kind-bins), a node
+# image built here with no registry (kind-node-image), the project's own Docker engine (Debian's
+# docker.io, installed when missing; no iptables rules, the host's FORWARD policy untouched).
+# docker-down (also run by cluster-down) stops only an engine the project started and fails when
+# the host's firewall differs from what it recorded. kind-teardown-test checks that, and that
+# cluster-down leaves nothing of a kind cluster (root, ~3 min; run it under the cluster lock).
+# None of this is part of `make test`.
 kind-bins:
 	tests/cluster/kind-bins.sh
+
+kind-node-image:
+	$(PYTHON_SYS) tests/cluster/kindnode.py
 
 docker-up:
 	$(PYTHON_SYS) tests/cluster/docker_engine.py up
@@ -110,7 +116,7 @@ docker-down:
 	$(PYTHON_SYS) tests/cluster/docker_engine.py down
 
 kind-teardown-test: setup
-	$(PYTEST) tests/kind/test_docker_teardown.py -q --timeout=300
+	$(PYTEST) tests/kind -q -s --timeout=900
 
 cluster-status:
 	$(PYTHON_SYS) tests/cluster/cluster.py status

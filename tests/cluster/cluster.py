@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     __package__ = "tests.cluster"
 
 from tests.cluster import cgroups, controlplane, kind, network, procs  # noqa: E402
-from tests.cluster.layout import Layout, default_nodes  # noqa: E402
+from tests.cluster.layout import Layout, default_nodes, kind_state  # noqa: E402
 
 MODES = ("control-plane", "full")
 
@@ -102,9 +102,13 @@ def up(layout: Layout, mode: str, timeout: float = 240.0) -> dict[str, float]:
     timings: dict[str, float] = {}
     layout.state.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    if kind.available():
-        kind.up(layout, timeout)
-        return {"kind_s": round(time.monotonic() - t0, 1)}
+    if kind.selected():
+        try:
+            return kind.up(layout, timeout)
+        except BaseException:
+            if os.environ.get("RLKUBE_KEEP_CLUSTER") != "1":
+                kind.down(layout)
+            raise
     try:
         check_ports_free(layout, mode)
         controlplane.start(layout, timeout=timeout)
@@ -187,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "down":
         with locked(layout):
             result = down(layout)
+        if kind_state().exists() and layout.state != kind_state():  # a kind cluster left by RLKUBE_CLUSTER=kind
+            kind_layout = Layout(state=kind_state())
+            with locked(kind_layout):
+                down(kind_layout)
         print(json.dumps(result))
         if result["left_running"]:
             print(f"cluster-down: processes still running: {result['left_running']}", file=sys.stderr)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from . import bins, images, kind, kwok
+from . import bins, images, kwok
 from . import kueue as kueue_harness
 from .api import Client
-from .cluster import backend, down, locked, logs_kept, up
+from .cluster import down, locked, logs_kept, up
 from .controlplane import admin_client
 from .layout import Layout, NodeSpec, default_nodes
 
@@ -70,10 +70,7 @@ class Cluster:
         if not self.nodes:
             raise RuntimeError("load_image needs the `cluster` fixture (kubelet nodes), not `control_plane`")
         archive = images.build(images.name_of(ref))
-        if backend(self.layout) == "kind":
-            kind.load_image(str(archive.path))
-        else:
-            images.load(self.layout, self.nodes, archive)
+        images.load(self.layout, self.nodes, archive)  # `kind load` on a kind cluster
         return archive.ref
 
 

@@ -248,6 +248,10 @@ def _build_locked(name: str, build_args: dict[str, str] | None) -> ImageArchive:
 
 def load(layout, nodes, image: ImageArchive) -> None:
     """Import the archive into every node's containerd, skipping nodes that already have it."""
+    if (layout.state / "backend").exists() and (layout.state / "backend").read_text().strip() == "kind":
+        from .kind import load_image  # a kind cluster's nodes are containers: `kind load`
+
+        return load_image(layout, image)
     from .nodes import ctr  # local: nodes imports this module
 
     for node in nodes:

@@ -1,76 +1,283 @@
-"""The same test cluster on kind, where a Docker engine and the `kind` command exist.
+"""The same test cluster on kind: `RLKUBE_CLUSTER=kind make cluster-up|demo|e2e`.
 
-`make cluster-up` prefers this path on such machines (RLKUBE_CLUSTER_BACKEND=native forces the
-harness's own cluster, =kind forces this one): a kind cluster named `rlkube` with one
-control-plane node and two workers carrying the same names' labels (`nvidia.com/gpu.clique`,
-`topology.kubernetes.io/zone`, `rlkube.io/rack`) and the same fake `nvidia.com/gpu: 2`, the
-admin kubeconfig at the same path, CoreDNS from kind, images loaded with `kind load
-image-archive` from the same buildah archives. Control-plane mode is the same cluster (kind has
-no node-less mode).
+A kind cluster named `rlkube`: one control-plane node and two workers named as the harness's
+nodes (`rlk-node-0`, `rlk-node-1`, set through kubeadm's nodeRegistration.name) with the same
+labels and the same fake `nvidia.com/gpu: 2`, so the e2e suite runs unchanged against it. State
+and the admin kubeconfig are in /tmp/rlkube-kind (RLKUBE_CLUSTER_DIR), apart from the harness's
+/tmp/rlkube-cluster, so both paths can be used on one machine.
 
-Not exercised on this project's machines (no Docker engine there); kept small so that what it
-does can be read at a glance.
+Where it runs:
+- the Docker engine: one that answers already, else the project's own (docker_engine.py: Debian's
+  dockerd with no iptables rules and the host's FORWARD policy untouched);
+- kind: built from its Go module (kind-bins.sh);
+- the node image: built here with no registry (kindnode.py) unless RLKUBE_KIND_IMAGE names one
+  (e.g. a `kindest/node` image on a machine that reaches public registries; then kind's default
+  CNI, kindnetd, is used as it is).
+
+With the local node image there is no kindnetd: the cluster is created with `disableDefaultCNI`
+and `setup_network` gives each node a CNI config (ptp + host-local over the node's podCIDR) and
+routes to the other nodes' podCIDRs, inside the nodes' own network namespaces. Pod traffic
+between nodes stays on the kind Docker bridge (layer 2), so the host forwards nothing.
+
+`RLKUBE_CLUSTER=native` forces the harness; unset, kind is used only where a `kind` command and a
+Docker engine on the default socket already exist (a developer's laptop), never on CI machines.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
+import time
+from pathlib import Path
 
-from . import bins
+from . import bins, docker_engine
 from .layout import Layout, NodeSpec, default_nodes
 
 NAME = "rlkube"
+HERE = Path(__file__).resolve().parent
+POD_SUBNET = "10.244.0.0/16"
+# Folders every worker sees as one, as the harness's nodes share the machine's disk: the
+# operator's hostPath checkpoint root (hostPathShared) and the e2e's shared PersistentVolumes.
+SHARED_PATHS = ("/var/lib/rlkube", "/var/lib/rlkube-e2e-pv")
 
 
-def available() -> bool:
-    backend = os.environ.get("RLKUBE_CLUSTER_BACKEND", "auto")
-    if backend == "native":
+def selected() -> bool:
+    """Whether the test cluster is a kind cluster (RLKUBE_CLUSTER, see the module docstring)."""
+    choice = os.environ.get("RLKUBE_CLUSTER") or os.environ.get("RLKUBE_CLUSTER_BACKEND", "auto")
+    if choice not in ("auto", "native", "kind"):
+        raise ValueError(f"RLKUBE_CLUSTER must be kind, native or auto, got {choice!r}")
+    if choice != "auto":
+        return choice == "kind"
+    if shutil.which("kind") is None or shutil.which("docker") is None:
         return False
-    have = shutil.which("kind") is not None and shutil.which("docker") is not None
-    engine = have and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-    if backend == "kind" and not engine:
-        raise RuntimeError("RLKUBE_CLUSTER_BACKEND=kind, but `kind` or a working Docker engine is missing")
-    return engine
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
 
 
-def _config(nodes: list[NodeSpec]) -> str:
-    lines = ["kind: Cluster", "apiVersion: kind.x-k8s.io/v1alpha4", "nodes:", "- role: control-plane"]
+def kind_binary() -> Path:
+    subprocess.run([str(HERE / "kind-bins.sh"), "kind"], check=True, capture_output=True)
+    return next((bins.cache_root()).glob("kind-v*/kind"))
+
+
+def _kind(*args: str, env: dict[str, str], timeout: float = 600, check: bool = True) -> str:
+    proc = subprocess.run(
+        [str(kind_binary()), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"kind {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def _docker(*args: str, env: dict[str, str], input: str | None = None, check: bool = True) -> str:
+    proc = subprocess.run([docker_engine.docker_cli(), *args], env=env, input=input, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:3])} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def api_port(layout: Layout) -> int:
+    """The API server's published port on 127.0.0.1 (apart from the harness's 6443)."""
+    return 7443 + 100 * layout.index
+
+
+def node_image(env: dict[str, str]) -> tuple[str, bool]:
+    """(image, local): RLKUBE_KIND_IMAGE, else the locally built node image loaded into the engine."""
+    if os.environ.get("RLKUBE_KIND_IMAGE"):
+        return os.environ["RLKUBE_KIND_IMAGE"], False
+    from . import kindnode
+
+    ref, archive = kindnode.build()
+    kindnode.load(ref, archive, env)
+    return ref, True
+
+
+def config(layout: Layout, nodes: list[NodeSpec], local_image: bool) -> str:
+    """kind's cluster config: workers named and labelled as the harness's nodes."""
+    cfg: dict = {
+        "kind": "Cluster",
+        "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "name": NAME,
+        "networking": {
+            "apiServerAddress": "127.0.0.1",
+            "apiServerPort": api_port(layout),
+            "podSubnet": POD_SUBNET,
+            "disableDefaultCNI": local_image,
+        },  # fmt: skip
+        "nodes": [{"role": "control-plane"}],
+    }
     for node in nodes:
-        lines.append("- role: worker")
-        lines.append("  labels:")
-        lines.extend(f"    {k}: {json.dumps(v)}" for k, v in sorted(node.labels.items()))
-    return "\n".join(lines) + "\n"
+        patch = f"kind: JoinConfiguration\nnodeRegistration:\n  name: {node.name}\n"
+        cfg["nodes"].append({"role": "worker", "labels": dict(node.labels), "kubeadmConfigPatches": [patch],
+                             "extraMounts": [{"hostPath": p, "containerPath": p} for p in SHARED_PATHS]})  # fmt: skip
+    return json.dumps(cfg, indent=1)  # JSON is YAML
 
 
-def up(layout: Layout, timeout: float = 300.0) -> None:
+def _write_credentials(layout: Layout, kubeconfig: dict) -> None:
+    """The admin kubeconfig as JSON, and its certificates as files for the stdlib client (api.py)."""
+    layout.kubeconfig.write_text(json.dumps(kubeconfig, indent=1))
+    layout.pki.mkdir(parents=True, exist_ok=True)
+    cluster, user = kubeconfig["clusters"][0]["cluster"], kubeconfig["users"][0]["user"]
+    for name, data in (("ca.crt", cluster["certificate-authority-data"]), ("admin.crt", user["client-certificate-data"]),
+                       ("admin.key", user["client-key-data"])):  # fmt: skip
+        (layout.pki / name).write_bytes(base64.b64decode(data))
+    (layout.state / "server").write_text(cluster["server"] + "\n")
+
+
+def kubectl(layout: Layout, *args: str, input: str | None = None) -> str:
+    proc = subprocess.run([str(bins.kubectl()), f"--kubeconfig={layout.kubeconfig}", *args], input=input,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args[:4])} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def containers(env: dict[str, str]) -> dict[str, str]:
+    """The cluster's node containers: IP address on the kind network -> container name."""
+    names = _docker("ps", "-q", "--filter", f"label=io.x-k8s.kind.cluster={NAME}", env=env).split()
+    out = {}
+    for cid in names:
+        info = json.loads(_docker("inspect", cid, env=env))[0]
+        for net in info["NetworkSettings"]["Networks"].values():
+            if net.get("IPAddress"):
+                out[net["IPAddress"]] = info["Name"].lstrip("/")
+    return out
+
+
+def setup_network(layout: Layout, env: dict[str, str]) -> None:
+    """Each node's CNI config over its podCIDR, and routes to the other nodes' pods (no kindnetd)."""
+    by_ip = containers(env)
+    nodes = []
+    for item in json.loads(kubectl(layout, "get", "nodes", "-o", "json"))["items"]:
+        ip = next(a["address"] for a in item["status"]["addresses"] if a["type"] == "InternalIP")
+        if not item["spec"].get("podCIDR"):
+            raise RuntimeError(f"node {item['metadata']['name']} has no spec.podCIDR (allocate-node-cidrs?)")
+        nodes.append((by_ip[ip], ip, item["spec"]["podCIDR"]))
+    for container, _, cidr in nodes:
+        conflist = {
+            "cniVersion": "0.4.0",
+            "name": "rlkube",
+            "plugins": [
+                {"type": "ptp", "ipMasq": False, "mtu": 1500,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": cidr}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }  # fmt: skip
+        routes = "".join(f"ip route replace {c} via {ip}\n" for other, ip, c in nodes if other != container)
+        script = (
+            "set -e\nsysctl -qw net.ipv4.ip_forward=1\nmkdir -p /etc/cni/net.d\n"
+            f"cat > /etc/cni/net.d/10-rlkube.conflist <<'EOF'\n{json.dumps(conflist, indent=1)}\nEOF\n{routes}"
+        )
+        _docker("exec", "-i", container, "sh", "-s", env=env, input=script)
+
+
+def wait_nodes_ready(layout: Layout, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        items = json.loads(kubectl(layout, "get", "nodes", "-o", "json"))["items"]
+        ready = [
+            n
+            for n in items
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+        ]
+        if len(ready) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"kind: {len(ready)}/{count} nodes Ready after {timeout:.0f} s")
+        time.sleep(1)
+
+
+def up(layout: Layout, timeout: float = 300.0) -> dict[str, float]:
+    """Create (or adopt) the kind cluster; returns the seconds each stage took."""
+    t0 = time.monotonic()
+    times: dict[str, float] = {}
     layout.state.mkdir(parents=True, exist_ok=True)
+    (layout.state / "backend").write_text("kind\n")  # first: a failed start is still torn down as kind
+    env = docker_engine.up()
+    times["engine_s"] = round(time.monotonic() - t0, 1)
+    image, local = node_image(env)
+    times["node_image_s"] = round(time.monotonic() - t0 - times["engine_s"], 1)
     nodes = default_nodes()
-    (layout.state / "kind.yaml").write_text(_config(nodes))
-    clusters = subprocess.run(["kind", "get", "clusters"], capture_output=True, text=True).stdout.split()
-    if NAME not in clusters:
-        subprocess.run(["kind", "create", "cluster", "--name", NAME, "--config", str(layout.state / "kind.yaml"),
-                        "--kubeconfig", str(layout.kubeconfig), f"--wait={int(timeout)}s"], check=True)  # fmt: skip
-    else:
-        kc = subprocess.run(["kind", "get", "kubeconfig", "--name", NAME], capture_output=True, text=True, check=True)
-        layout.kubeconfig.write_text(kc.stdout)
-    kubectl = [str(bins.kubectl()), f"--kubeconfig={layout.kubeconfig}"]
-    workers = subprocess.run([*kubectl, "get", "nodes", "-l", "!node-role.kubernetes.io/control-plane", "-o", "name"],
-                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    for p in SHARED_PATHS:
+        Path(p).mkdir(parents=True, exist_ok=True)
+    (layout.state / "kind.yaml").write_text(config(layout, nodes, local))
+    t1 = time.monotonic()
+    if NAME not in _kind("get", "clusters", env=env).split():
+        _kind("create", "cluster", "--name", NAME, "--image", image, "--config", str(layout.state / "kind.yaml"),
+              "--kubeconfig", str(layout.state / "kind-kubeconfig"), "--retain", env=env, timeout=timeout + 120)  # fmt: skip
+    raw = _kind("get", "kubeconfig", "--name", NAME, env=env)
+    kc = subprocess.run([str(bins.kubectl()), "config", "view", "--raw", "--flatten", "-o", "json"],
+                        env={**env, "KUBECONFIG": "/dev/stdin"}, input=raw, capture_output=True, text=True, check=True)  # fmt: skip
+    _write_credentials(layout, json.loads(kc.stdout))
+    if local:
+        setup_network(layout, env)
+    wait_nodes_ready(layout, len(nodes) + 1, timeout)
+    times["create_s"] = round(time.monotonic() - t1, 1)
     gpus = str(layout.gpus_per_node)
-    patch = json.dumps({"status": {"capacity": {"nvidia.com/gpu": gpus}, "allocatable": {"nvidia.com/gpu": gpus}}})
-    for worker in workers:
-        subprocess.run([*kubectl, "patch", worker, "--subresource=status", "--type=merge", "-p", patch], check=True)
+    patch = json.dumps(
+        {"status": {"capacity": {"nvidia.com/gpu": gpus}, "allocatable": {"nvidia.com/gpu": gpus}}}
+    )
+    for node in nodes:
+        kubectl(layout, "patch", "node", node.name, "--subresource=status", "--type=merge", "-p", patch)
     (layout.state / "mode").write_text("full\n")
-    (layout.state / "backend").write_text("kind\n")
+    times["total_s"] = round(time.monotonic() - t0, 1)
+    return times
 
 
 def down(layout: Layout) -> None:
-    subprocess.run(["kind", "delete", "cluster", "--name", NAME], capture_output=True)
+    """Delete the kind cluster (the engine stays: `make cluster-down` also stops it)."""
+    env = docker_engine.env()
+    if docker_engine.ours_running() or subprocess.run([docker_engine.docker_cli(), "info"], env=env,
+                                                      capture_output=True).returncode == 0:  # fmt: skip
+        _kind("delete", "cluster", "--name", NAME, env=env, check=False)
     shutil.rmtree(layout.state, ignore_errors=True)
 
 
-def load_image(archive_path: str) -> None:
-    subprocess.run(["kind", "load", "image-archive", archive_path, "--name", NAME], check=True)
+def load_image(layout: Layout, image) -> None:
+    """`kind load image-archive` of an images.ImageArchive into the workers (pods run there
+    only), unless they have it already (a marker per node in the cluster's state); then drop the
+    layer blobs the import leaves next to the unpacked snapshots (as images.load does on the harness)."""
+    env = docker_engine.env()
+    by_node = {name: container for container, name in _node_containers(layout, env).items()}
+    marker = {
+        w.name: layout.state / "images" / f"{w.name}-{image.ref.replace('/', '_')}" for w in default_nodes()
+    }
+    todo = [w for w, m in marker.items() if not (m.exists() and m.read_text() == image.input_hash)]
+    if not todo:
+        return
+    _kind("load", "image-archive", str(image.path), "--name", NAME, "--nodes", ",".join(by_node[w] for w in todo),
+          env=env)  # fmt: skip
+    for w in todo:
+        _drop_layer_blobs(by_node[w], image.ref, env)
+        marker[w].parent.mkdir(parents=True, exist_ok=True)
+        marker[w].write_text(image.input_hash)
+
+
+def _node_containers(layout: Layout, env: dict[str, str]) -> dict[str, str]:
+    """container name -> Kubernetes node name."""
+    by_ip = containers(env)
+    out = {}
+    for item in json.loads(kubectl(layout, "get", "nodes", "-o", "json"))["items"]:
+        ip = next(a["address"] for a in item["status"]["addresses"] if a["type"] == "InternalIP")
+        out[by_ip[ip]] = item["metadata"]["name"]
+    return out
+
+
+def _drop_layer_blobs(container: str, ref: str, env: dict[str, str]) -> None:
+    ctr = ["exec", container, "ctr", "-n", "k8s.io"]
+    listing = _docker(*ctr, "images", "ls", env=env, check=False).splitlines()
+    digest = next((line.split()[2] for line in listing[1:] if line.split() and line.split()[0] == ref), None)
+    if digest is None:
+        return
+    manifest = json.loads(_docker(*ctr, "content", "get", digest, env=env))
+    for layer in manifest.get("layers", []):
+        _docker(*ctr, "content", "rm", layer["digest"], env=env, check=False)
+
+
+def node_exec(layout: Layout, node_name: str, *cmd: str) -> str:
+    """Run a command inside a kind node's container (e.g. `ctr -n k8s.io ...`); returns stdout."""
+    env = docker_engine.env()
+    by_node = {name: container for container, name in _node_containers(layout, env).items()}
+    return _docker("exec", by_node[node_name], *cmd, env=env)

@@ -54,7 +54,7 @@ PAUSE = f"{REGISTRY}/pause:3.10.1"
 ETCD = f"{REGISTRY}/etcd:3.6.5-0"
 COREDNS = f"{REGISTRY}/coredns/coredns:v1.12.1"
 PACKAGES = ("systemd containerd runc containernetworking-plugins iptables nftables conntrack iproute2 ethtool "
-            "util-linux mount kmod libseccomp2 procps socat")  # fmt: skip
+            "util-linux mount kmod libseccomp2 procps socat jq")  # fmt: skip
 KUBE_PROXY_PACKAGES = "iptables conntrack nftables"
 # Recipe version: bump when the way the image is made changes without its inputs changing.
 RECIPE = 1
@@ -295,7 +295,7 @@ def _build(found: dict[str, Path], kind_files: Path, ref: str, archive: Path, wo
         mountpoint = Path(buildah("mount", ctr))
         _preload(mountpoint, archives, work)
         buildah("umount", ctr)
-        buildah("config", "--entrypoint", '["/usr/local/bin/entrypoint", "/sbin/init"]',
+        buildah("config", "--entrypoint", '["/usr/local/bin/entrypoint", "/sbin/init"]', "--cmd", "",
                 "--env", "container=docker", "--stop-signal", "SIGRTMIN+3", ctr)  # fmt: skip
         buildah("commit", "--quiet", ctr, ref)
     finally:

@@ -16,7 +16,14 @@ from pathlib import Path
 
 
 def _default_state() -> Path:
-    return Path(os.environ.get("RLKUBE_CLUSTER_DIR", "/tmp/rlkube-cluster"))
+    if "RLKUBE_CLUSTER_DIR" in os.environ:
+        return Path(os.environ["RLKUBE_CLUSTER_DIR"])
+    return kind_state() if os.environ.get("RLKUBE_CLUSTER") == "kind" else Path("/tmp/rlkube-cluster")
+
+
+def kind_state() -> Path:
+    """The kind path's state (tests/cluster/kind.py), apart from the harness's cluster."""
+    return Path("/tmp/rlkube-kind")
 
 
 def cluster_index() -> int:
@@ -142,7 +149,10 @@ class Layout:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        try:  # a kind cluster publishes its API server on a port of its own (kind.py)
+            return (self.state / "server").read_text().strip()
+        except OSError:
+            return f"https://127.0.0.1:{self.apiserver_port}"
 
     def node_dir(self, node: NodeSpec) -> Path:
         return self.state / "nodes" / node.name

@@ -33,7 +33,13 @@ from tests.cluster import procs
 from tests.e2e import deploy
 from tests.e2e.deploy import EVERY
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(1200),
+    # The kubelet's pid and its pod-log folder are read from the harness's state dir; on kind the
+    # kubelet runs inside a node container (not ported yet: docs/cluster.md, "The kind path").
+    pytest.mark.skipif(os.environ.get("RLKUBE_CLUSTER") == "kind", reason="harness-only: stops a kubelet by pid"),
+]
 
 # Long enough that the stale trainer is still running when the new attempt starts (~55-65 s after
 # the SIGSTOP), so it tries to save after the fence was raised. With long_job's batch of 16, 480

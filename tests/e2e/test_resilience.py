@@ -13,7 +13,9 @@ import json
 
 import pytest
 
+from tests.cluster import kind
 from tests.cluster import nodes as cluster_nodes
+from tests.cluster.cluster import backend
 from tests.e2e import deploy
 from tests.e2e.deploy import EVERY, LONG_STEPS
 
@@ -24,6 +26,10 @@ def kill_training_process(cluster, pod: dict) -> None:
     (node,) = [n for n in cluster.nodes if n.name == pod["spec"]["nodeName"]]
     (status,) = [s for s in pod["status"]["containerStatuses"] if s.get("state", {}).get("running")]
     container_id = status["containerID"].split("://", 1)[1]
+    if backend(cluster.layout) == "kind":  # the node is a container: its containerd is reached inside it
+        kind.node_exec(cluster.layout, node.name, "ctr", "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL",
+                       container_id)  # fmt: skip
+        return
     cluster_nodes.ctr(cluster.layout, node, "tasks", "kill", "--signal", "SIGKILL", container_id)
 
 

@@ -3,9 +3,12 @@
 //
 // kind nodes are `docker run --privileged` containers, which ask for every capability; on a machine
 // whose root lacks one (here CAP_SYS_RESOURCE) runc fails with "unable to apply caps: operation not
-// permitted". dockerd runs this as its default runtime (tests/cluster/docker_engine.py); anything
-// but `create`/`run` passes straight through. The real runc is RUNC_CAPS_RUNC, else /usr/sbin/runc,
-// else /usr/bin/runc, else `runc` on PATH.
+// permitted". `docker exec --privileged` (kind runs every command in a node that way) fails the
+// same way, from the `exec --process` file. dockerd runs this as its default runtime
+// (tests/cluster/docker_engine.py) and the kind node image's containerd as its runc
+// (tests/cluster/kindnode.py: privileged pods such as kube-proxy); anything but `create`/`run`
+// config.json and `exec --process` passes straight through. The real runc is RUNC_CAPS_RUNC, else
+// /usr/sbin/runc, else /usr/bin/runc, else `runc` on PATH.
 package main
 
 import (
@@ -84,6 +87,9 @@ func filter(path string) error {
 		return err
 	}
 	process, _ := spec["process"].(map[string]any)
+	if process == nil { // an `exec --process` file is the process object itself
+		process = spec
+	}
 	caps, _ := process["capabilities"].(map[string]any)
 	if caps == nil {
 		return nil
@@ -122,9 +128,34 @@ func realRunc() string {
 	return p
 }
 
+// processFile returns the --process/-p file of an exec command (`docker exec --privileged` asks
+// for every capability there, as `run --privileged` does in config.json), or "".
+func processFile(args []string) string {
+	command := false
+	for i, a := range args {
+		if a == "exec" {
+			command = true
+		}
+		if !command {
+			continue
+		}
+		if (a == "--process" || a == "-p") && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, "--process="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 func main() {
+	file := processFile(os.Args[1:])
 	if b := bundle(os.Args[1:]); b != "" {
-		if err := filter(filepath.Join(b, "config.json")); err != nil {
+		file = filepath.Join(b, "config.json")
+	}
+	if file != "" {
+		if err := filter(file); err != nil {
 			fmt.Fprintln(os.Stderr, "runc-caps:", err)
 			os.Exit(1)
 		}

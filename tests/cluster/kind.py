@@ -42,6 +42,8 @@ POD_SUBNET = "10.244.0.0/16"
 # Folders every worker sees as one, as the harness's nodes share the machine's disk: the
 # operator's hostPath checkpoint root (hostPathShared) and the e2e's shared PersistentVolumes.
 SHARED_PATHS = ("/var/lib/rlkube", "/var/lib/rlkube-e2e-pv")
+# The examples' data, which jobs mount by hostPath at this checkout's path (examples/dpo-chat-cpu.yaml).
+EXAMPLE_DATA = str(HERE.parents[1] / "examples" / "data")
 
 
 def selected() -> bool:
@@ -107,11 +109,16 @@ def config(layout: Layout, nodes: list[NodeSpec], local_image: bool) -> str:
             "disableDefaultCNI": local_image,
         },  # fmt: skip
         "nodes": [{"role": "control-plane"}],
+        # As the harness's kubelets (nodes.py): node status every 10 s, not kubeadm's 5 min, so a
+        # patched extended resource is seen surviving the kubelet's status updates.
+        "kubeadmConfigPatches": ["kind: KubeletConfiguration\nnodeStatusUpdateFrequency: 10s\n"
+                                 "nodeStatusReportFrequency: 10s\n"],
     }
     for node in nodes:
         patch = f"kind: JoinConfiguration\nnodeRegistration:\n  name: {node.name}\n"
         cfg["nodes"].append({"role": "worker", "labels": dict(node.labels), "kubeadmConfigPatches": [patch],
-                             "extraMounts": [{"hostPath": p, "containerPath": p} for p in SHARED_PATHS]})  # fmt: skip
+                             "extraMounts": [*({"hostPath": p, "containerPath": p} for p in SHARED_PATHS),
+                                             {"hostPath": EXAMPLE_DATA, "containerPath": EXAMPLE_DATA, "readOnly": True}]})  # fmt: skip
     return json.dumps(cfg, indent=1)  # JSON is YAML
 
 

@@ -331,6 +331,11 @@ def load(ref: str, archive: Path, env: dict[str, str]) -> bool:
     if subprocess.run([docker, "image", "inspect", ref], env=env, capture_output=True).returncode == 0:
         return False
     _run(docker, "load", "-i", str(archive), env=env)
+    # Earlier node images (other input hashes) are only disk now: 1.1 GB each.
+    tags = _run(docker, "images", "--format", "{{.Repository}}:{{.Tag}}", "localhost/rlkube/kindnode", env=env).split()
+    stale = [t for t in tags if t != ref]
+    if stale:
+        subprocess.run([docker, "rmi", *stale], env=env, capture_output=True)
     return True
 
 

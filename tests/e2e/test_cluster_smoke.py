@@ -23,7 +23,9 @@ LABELS = ("kubernetes.io/hostname", "nvidia.com/gpu.clique", "topology.kubernete
 
 
 def _nodes(cluster) -> list[dict]:
-    return json.loads(cluster.kubectl("get", "nodes", "-o", "json"))["items"]
+    """The cluster's GPU nodes (a kind cluster also has a control-plane node, which has none)."""
+    names = {n.name for n in cluster.nodes}
+    return [n for n in json.loads(cluster.kubectl("get", "nodes", "-o", "json"))["items"] if n["metadata"]["name"] in names]
 
 
 def _ready(node: dict) -> bool:

@@ -41,7 +41,8 @@ def test_kind_config_names_labels_and_shares_folders_as_the_harness(tmp_path, lo
     for spec, worker in zip(default_nodes(), workers, strict=True):
         assert worker["labels"] == spec.labels
         assert f"name: {spec.name}" in worker["kubeadmConfigPatches"][0]
-        assert {m["containerPath"] for m in worker["extraMounts"]} == {"/var/lib/rlkube", "/var/lib/rlkube-e2e-pv"}
+        shared = {"/var/lib/rlkube", "/var/lib/rlkube-e2e-pv", kind.EXAMPLE_DATA}
+        assert {m["containerPath"] for m in worker["extraMounts"]} == shared
 
 
 KIND_CONTAINERD = """version = 2

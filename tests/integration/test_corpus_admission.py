@@ -46,6 +46,8 @@ def namespace(control_plane):
 def dry_run(control_plane, namespace: str, path: Path) -> str:
     """The API server's error on creating the file's RLTrainingJob, or '' when it accepts it."""
     doc = load_documents(path.read_text(encoding="utf-8"))[0]
+    if isinstance(doc.get("metadata"), dict) and "namespace" in doc["metadata"]:
+        doc["metadata"]["namespace"] = namespace  # examples name their own; the request's must match
     try:
         control_plane.api.post(
             f"/apis/{api.API_VERSION}/namespaces/{namespace}/rltrainingjobs?dryRun=All&fieldValidation=Strict", doc)

@@ -309,7 +309,7 @@ def test_rlkube_pod_events_of_the_inventory_wake_their_job_in_watched_namespaces
         for t in threads:
             t.start()
             t.join()
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the threads are done: their call_soon_threadsafe callbacks run now
         return queue.requested
 
     assert asyncio.run(main()) == [("team", "a")]

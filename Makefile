@@ -141,7 +141,7 @@ demo: setup
 # The chaos soak (tests/soak, docs/scheduling.md "Chaos soak"): small jobs on the local cluster while a
 # seeded driver kills trainers and the operator, stops kubelets and restarts the API server; then
 # every job Succeeded, no duplicate pod, steps lost per fault <= the checkpoint interval, no orphans.
-# Not in `make test` (about 20 minutes). SOAK_ARGS e.g. "--seed 3 --jobs 6 --faults 8 --duration 600".
+# Not in `make test` (about 15-20 minutes). SOAK_ARGS e.g. "--seed 3 --jobs 6 --faults 8 --duration 600".
 SOAK_ARGS ?=
 soak: setup
 	$(PY) -m tests.soak.soak $(SOAK_ARGS)

@@ -36,6 +36,7 @@ KINDS = ("kill-trainer", "kill-operator", "stop-kubelet", "restart-apiserver")
 SHORT_STOP = (15.0, 30.0)  # s: below the node controller's 50 s grace
 LONG_STOP = (75.0, 95.0)  # s: past it (plus the operator's 5 s): the node is lost
 APISERVER_DOWN = (3.0, 15.0)
+TRAINER_WAIT_S = 60.0  # how long kill-trainer waits for a running trainer before it is skipped
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,13 @@ class Driver:
     # -- the four kinds ----------------------------------------------------------------------------
 
     def kill_trainer(self, item: Planned) -> None:
-        running = [p for p in self._trainer_pods() if _running_container(p)]
+        # Wait (bounded) for a trainer to run: a gang may be between attempts right now.
+        running: list[dict] = []
+        deadline = time.monotonic() + TRAINER_WAIT_S
+        while not running and time.monotonic() < deadline:
+            running = [p for p in self._trainer_pods() if _running_container(p)]
+            if not running:
+                time.sleep(2)
         if not running:
             self.skipped.append(f"{time.strftime('%H:%M:%S')} kill-trainer: no running trainer pod")
             deploy.log("fault kill-trainer skipped: no running trainer pod")

@@ -75,8 +75,9 @@ integration: setup
 	@if ls tests/integration/test_*.py >/dev/null 2>&1; then $(PYTEST) tests/integration -q; else echo "integration: no tests yet"; fi
 
 # Real nodes and pods: the chart installed by Helm, the tiny DPO, GRPO and PPO jobs on CPU stubs,
-# kill/resume, suspend/resume, helm upgrade and uninstall (tests/e2e, docs/demo.md). The operator
-# and runtime images are built on first use, cached by input hash.
+# kill/resume, suspend/resume, helm upgrade and uninstall, Kueue quota and preemption (tests/e2e,
+# docs/demo.md, docs/kueue.md). The operator and runtime images are built on first use, cached by
+# input hash.
 e2e: setup
 	$(PYTEST) tests/e2e -q --timeout=1800 --durations=8
 

@@ -16,7 +16,6 @@ Workloads, the pods and the jobs every half second for the whole test.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -28,14 +27,7 @@ from tests.cluster import bins, procs
 from tests.e2e import deploy
 from tests.e2e.kueue_queues import GpuSampler, TeamQueues, admitted, running, succeeded
 
-# Opt-in until a second run has passed on the shared harness (one has: docs/kueue.md); CI's e2e
-# tier runs without it. RLKUBE_E2E_KUEUE=1 make e2e (or pytest this file) runs it.
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(os.environ.get("RLKUBE_E2E_KUEUE") != "1",
-                       reason="Kueue e2e is opt-in (RLKUBE_E2E_KUEUE=1) until a second green run on the harness"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 NAMESPACE = "rlkube-e2e-kueue"
 TWO_GPUS = {"roles": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},

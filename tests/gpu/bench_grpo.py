@@ -45,6 +45,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from tests.gpu.bench_rollout import SHAPES, eos_hazard  # noqa: E402
+from tests.gpu.rollout_options import rollout_settings  # noqa: E402
 
 BOS, PAD, EOS = 257, 256, 258
 
@@ -58,22 +59,6 @@ def prompt_texts(n: int, chars: int, seed: int) -> list[str]:
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def rollout_settings(args) -> list[tuple[str, dict]]:
-    """(label, rollout section overrides) for each `--refill` value."""
-    out = []
-    for value in [v for v in args.refill.split(",") if v]:
-        if value == "all":
-            out.append(("all rows at once", {}))
-        elif value in ("on", "off"):
-            if not args.decode_rows:
-                raise SystemExit("--refill on/off needs --decode-rows")
-            out.append((f"refill {value}, {args.decode_rows} rows",
-                         {"decodeRows": args.decode_rows, "refill": value == "on"}))
-        else:
-            raise SystemExit(f"--refill: all, on or off, got {value!r}")
-    return out
 
 
 def run_ours(args, texts: list[str], rollout: dict | None = None) -> dict:
@@ -232,7 +217,7 @@ def main(argv=None) -> int:
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     by_rollout = {}
     if args.only != "trl":
-        for label, rollout in rollout_settings(args):
+        for label, rollout in rollout_settings(args.refill, args.decode_rows):
             by_rollout[label] = run_ours(args, texts, rollout) | {"rollout": rollout}
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -60,6 +60,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_shapes import SHAPES  # noqa: E402
+from rollout_options import rollout_settings  # noqa: E402
 
 # Steps per case sized to ~3 minutes each on an H200 (start-up and checkpoint writes included).
 DEFAULT_STEPS = {"dpo": 60, "grpo": 40, "ppo": 40}
@@ -116,22 +117,6 @@ def prompts_file(path: Path, n: int, chars: int, seed: int = 0) -> None:
     with path.open("w") as f:
         for _ in range(n):
             f.write(json.dumps({"prompt": "".join(rng.choice(alphabet) for _ in range(chars))}) + "\n")
-
-
-def refill_settings(args) -> list[tuple[str, dict]]:
-    """(label suffix, rollout overrides) for each `--refill` value."""
-    out = []
-    for value in [v for v in args.refill.split(",") if v]:
-        if value == "all":
-            out.append(("", {}))
-        elif value in ("on", "off"):
-            if not args.decode_rows:
-                raise SystemExit("--refill on/off needs --decode-rows")
-            out.append((f"[refill {value}, {args.decode_rows} rows]",
-                        {"decodeRows": args.decode_rows, "refill": value == "on"}))
-        else:
-            raise SystemExit(f"--refill: all, on or off, got {value!r}")
-    return out
 
 
 def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | None = None) -> dict:
@@ -314,7 +299,7 @@ def main(argv=None) -> int:
                 args.steps_of[c] = int(n)
     use_smi = not args.cpu and shutil.which("nvidia-smi") is not None
     results = []
-    settings = refill_settings(args)
+    settings = [("" if not o else f"[{d}]", o) for d, o in rollout_settings(args.refill, args.decode_rows)]
     for case in [c for c in args.cases.split(",") if c]:
         for label, rollout in (settings if case != "dpo" else [("", {})]):
             t0 = time.time()

@@ -5,12 +5,12 @@ The manifests of tests/data and examples/ get their one verdict in test_corpus_v
 from __future__ import annotations
 
 import pytest
-from crd_checker import CelError, admit, evaluate, names, validate
+from crd_checker import CelError, admit, evaluate, validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rltj_builders import job
 from rltj_strategies import mutated_specs
-from verdicts import three_verdicts
+from verdicts import assert_one_verdict
 
 from rlkube.operator import api, crd
 
@@ -73,13 +73,7 @@ SETTING_CASES = [
 @pytest.mark.parametrize("algorithm, overrides, refused", SETTING_CASES)
 def test_algorithm_settings_get_one_verdict_from_pydantic_the_crd_and_the_runtime(algorithm, overrides, refused):
     obj = job(algorithm=algorithm, **overrides)
-    pydantic_paths, crd_errors, runtime_error = three_verdicts(obj)
-    if refused is None:
-        assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
-    else:
-        assert pydantic_paths == [refused]
-        assert crd_errors and all(names(error, refused) for error in crd_errors), crd_errors
-        assert refused.removeprefix("spec.") in runtime_error
+    assert_one_verdict(obj, refused)
 
 
 ROLE_NAMES = ("actor", "critic", "reward", "reference")

@@ -5,9 +5,8 @@ and the runtime's config: at least 1, and at most the rows each actor GPU genera
 from __future__ import annotations
 
 import pytest
-from crd_checker import names
 from rltj_builders import job
-from verdicts import three_verdicts
+from verdicts import assert_one_verdict
 
 # The builders' jobs: globalBatch 32 (the default), groupSize 4 (the default), 2 actor GPUs, so
 # grpo generates 32 x 4 / 2 = 64 rows per actor GPU and ppo 32 / 2 = 16.
@@ -28,10 +27,4 @@ CASES = [
 @pytest.mark.parametrize("algorithm, overrides, refused", CASES)
 def test_decode_rows_get_one_verdict_from_pydantic_the_crd_and_the_runtime(algorithm, overrides, refused):
     obj = job(algorithm=algorithm, **overrides)
-    pydantic_paths, crd_errors, runtime_error = three_verdicts(obj)
-    if refused is None:
-        assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
-    else:
-        assert pydantic_paths == [refused]
-        assert crd_errors and all(names(error, refused) for error in crd_errors), crd_errors
-        assert refused.removeprefix("spec.") in runtime_error
+    assert_one_verdict(obj, refused)

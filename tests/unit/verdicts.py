@@ -3,7 +3,7 @@ CRD's schema and CEL rules (offline, crd_checker) and the runtime's own config m
 
 from __future__ import annotations
 
-from crd_checker import admit
+from crd_checker import admit, names
 from pydantic import ValidationError
 
 from rlkube.operator import api, crd
@@ -23,3 +23,15 @@ def three_verdicts(obj: dict) -> tuple[list[str], list[str], str]:
     except ValidationError as exc:
         runtime_error = str(exc)
     return pydantic_paths, crd_errors, runtime_error
+
+
+def assert_one_verdict(obj: dict, refused: str | None) -> None:
+    """`obj` is accepted by pydantic, the CRD and the runtime (`refused` None), or refused by all
+    three naming the field `refused` (a spec path, e.g. 'spec.rollout.decodeRows')."""
+    pydantic_paths, crd_errors, runtime_error = three_verdicts(obj)
+    if refused is None:
+        assert (pydantic_paths, crd_errors, runtime_error) == ([], [], "")
+    else:
+        assert pydantic_paths == [refused]
+        assert crd_errors and all(names(error, refused) for error in crd_errors), crd_errors
+        assert refused.removeprefix("spec.") in runtime_error

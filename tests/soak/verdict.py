@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 STALE_KILL_GRACE = 60.0
+ATTEMPT_SLACK_S = 30.0
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 CGROUP_POD = re.compile(r"rlkube-[0-9a-f]{6}-(?P<node>[^/]+)/(?:.*/)?pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f-_]{27})")
 
@@ -182,7 +183,9 @@ def restarts_of(job: str, attempts: list[AttemptLog], faults: list[Fault], every
     rows = []
     for i, new in enumerate(ordered[1:], start=1):
         earlier = ordered[:i]
-        cause = _cause(job, faults, earlier[-1].started, new.started)
+        # From a little before the previous attempt's first log line: a fault can end an attempt
+        # whose pod was just created (seen: a pod deleted 2 s after its job was applied).
+        cause = _cause(job, faults, earlier[-1].first_seen - ATTEMPT_SLACK_S, new.started)
         cut = cause.start if cause else new.started
         before = [s for a in earlier for t, s in a.steps if t <= cut]
         last = max(before, default=0)

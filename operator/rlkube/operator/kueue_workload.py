@@ -155,11 +155,30 @@ class WorkloadState:
     message: str
     cluster_queue: str | None  # status.admission.clusterQueue, once quota is reserved
     admitted_pods: int | None  # pods admitted in our pod set (partial admission may give fewer)
+    asked_pods: int | None = None  # our pod set's count: maxWorkers for an elastic job
 
     def waiting_message(self) -> str:
         """What `kubectl describe` shows while the job waits for admission."""
         why = f": {self.message}" if self.message else ""
         return f"waiting for Kueue admission in queue {self.queue}{why}"
+
+    @property
+    def worker_cap(self) -> int | None:
+        """The most pods the job may run with while this admission holds: the admitted count of
+        an admitted Workload that is not being evicted; None when there is no such admission.
+        The planner never plans, nor grows to, more (Kueue counted quota for these pods only)."""
+        if not self.admitted or self.evicted:
+            return None
+        return self.admitted_pods
+
+    @property
+    def partial(self) -> bool:
+        """Kueue admitted fewer pods than the pod set asks for (partial admission, `minCount`)."""
+        return None not in (self.admitted_pods, self.asked_pods) and self.admitted_pods < self.asked_pods
+
+    def admission_message(self) -> str:
+        """"admitted N of M pods by Kueue": what Events and conditions say of the admission."""
+        return f"admitted {self.admitted_pods} of {self.asked_pods} pods by Kueue"
 
 
 def _conditions(workload: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -173,14 +192,14 @@ def _true(conditions: Mapping[str, Mapping[str, Any]], kind: str) -> bool:
 def observe_workload(workload: Mapping[str, Any]) -> WorkloadState:
     conditions = _conditions(workload)
     admission = (workload.get("status") or {}).get("admission") or {}
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    asked_pods = next((p.get("count") for p in pod_sets if p.get("name") == POD_SET), None)
     admitted_pods = None
     for assignment in admission.get("podSetAssignments") or []:
         if assignment.get("name") == POD_SET:
             admitted_pods = assignment.get("count")
     if admitted_pods is None and admission:
-        # Kueue leaves count out when the whole pod set was admitted.
-        pod_sets = (workload.get("spec") or {}).get("podSets") or []
-        admitted_pods = next((p.get("count") for p in pod_sets if p.get("name") == POD_SET), None)
+        admitted_pods = asked_pods  # Kueue leaves count out when the whole pod set was admitted
     quota_reserved = _true(conditions, QUOTA_RESERVED)
     # Kueue leaves Evicted True after the owner released the quota, until it reserves quota
     # again: only an eviction that still holds quota asks the owner to act.
@@ -201,6 +220,7 @@ def observe_workload(workload: Mapping[str, Any]) -> WorkloadState:
         message=explaining.get("message", ""),
         cluster_queue=admission.get("clusterQueue"),
         admitted_pods=admitted_pods,
+        asked_pods=asked_pods,
     )
 
 

@@ -110,6 +110,24 @@ def test_admitted_workload_names_its_queue_and_pod_count(assignment, pods):
     assert (state.cluster_queue, state.admitted_pods, state.reason) == ("team-cq", pods, "Admitted")
 
 
+@pytest.mark.parametrize("conditions, count, cap, partial, message", [
+    # (conditions Kueue set, admitted count of 3 asked) -> worker_cap, partial, admission message
+    ((cond("QuotaReserved", True), cond("Admitted", True)), 2, 2, True, "admitted 2 of 3 pods by Kueue"),
+    ((cond("QuotaReserved", True), cond("Admitted", True)), 3, 3, False, "admitted 3 of 3 pods by Kueue"),
+    ((cond("QuotaReserved", True), cond("Admitted", False)), 2, None, True, None),   # checks pending
+    ((cond("QuotaReserved", True), cond("Admitted", True), cond("Evicted", True, "Preempted")), 2, None, True, None),
+])
+def test_partial_admission_caps_the_workers_while_it_holds(conditions, count, cap, partial, message):
+    s = parse_spec(spec("dpo", gpus_per_pod=1, roles={"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
+                        elastic={"minWorkers": 1, "maxWorkers": 3}))
+    wl = with_status(kw.render_workload(JOB, s, "gpu-team"), *conditions,
+                     admission={"clusterQueue": "team-cq", "podSetAssignments": [{"name": "workers", "count": count}]})
+    state = kw.observe_workload(wl)
+    assert (state.asked_pods, state.admitted_pods, state.worker_cap, state.partial) == (3, count, cap, partial)
+    if message is not None:
+        assert state.admission_message() == message
+
+
 def test_evicted_workload_says_why():
     wl = with_status(workload(), cond("QuotaReserved", True), cond("Admitted", True),
                      cond("Evicted", True, "Preempted", "Preempted to accommodate a higher priority Workload"))

@@ -58,9 +58,9 @@ class KueueWorld(World):
     def refuse(self, message: str) -> None:
         self._kueue_sets(QuotaReserved=(False, "Pending", message))
 
-    def admit(self) -> None:
+    def admit(self, count: int = 4) -> None:
         self.workload.setdefault("status", {})["admission"] = {"clusterQueue": "team-a-cq",
-                                                "podSetAssignments": [{"name": "workers", "count": 4}]}
+                                                "podSetAssignments": [{"name": "workers", "count": count}]}
         self._kueue_sets(QuotaReserved=(True, "QuotaReserved", "Quota reserved in ClusterQueue team-a-cq"),
                          Admitted=(True, "Admitted", "The workload is admitted"),
                          Evicted=(False, "QuotaReserved", ""))
@@ -157,3 +157,73 @@ def test_job_without_a_queue_label_never_makes_a_workload():
     w.step(at(3))
     assert w.status["phase"] == "Running" and w.workload is None
     assert all(d.workload is None and d.workload_status is None for d in w.decisions)
+
+
+def elastic_queued_world() -> KueueWorld:
+    """An elastic DPO job of pods of 1 GPU, 1..4 workers, on two nodes of 4 free GPUs: the
+    nodes alone would take all 4 pods (on one node, as its hostPath checkpoints require)."""
+    return KueueWorld(job(labels=QUEUE, algorithm="dpo", roles={"actor": {"gpus": 2}},
+                          elastic={"minWorkers": 1, "maxWorkers": 4}), [node("a", 4), node("b", 4)])
+
+
+def pod_count(d: lifecycle.Decision) -> int:
+    return len([o for o in d.create if o["kind"] == "Pod"])
+
+
+def test_partly_admitted_elastic_job_runs_at_the_admitted_count_and_never_grows_past_it():
+    w = elastic_queued_world()
+    d = w.step(at(0))
+    assert (d.workload["spec"]["podSets"][0]["count"], d.workload["spec"]["podSets"][0]["minCount"]) == (4, 1)
+    w.admit(count=2)                         # partial admission: the quota holds 2 of the 4 pods
+    d = w.step(at(1))
+    assert pod_count(d) == 2 and len(w.status["placement"]["pods"]) == 2
+    admitted = next(e for e in w.events if e.reason == "AdmittedByKueue")
+    assert admitted.message.startswith("admitted 2 of 4 pods by Kueue (Workload rltj-tiny, ClusterQueue team-a-cq")
+    placed = next(e for e in w.events if e.reason == "Placed")
+    assert "elastic: 2 pods of minWorkers 1..maxWorkers 4" in placed.message
+    assert "admitted 2 of 4 pods by Kueue" in placed.message
+    assert progressing(w)["message"] == "creating 2 pods (admitted 2 of 4 pods by Kueue)"
+    w.bind_all()
+    w.step(at(2))
+    assert w.status["phase"] == "Running" and progressing(w)["message"] == "2 pods running (admitted 2 of 4 pods by Kueue)"
+    for t in range(3, 60, 5):                # 6 GPUs stay free, but the admission does not grow
+        d = w.step(at(t))
+        assert d.action == "wait" and not d.delete and not d.create and len(w.pods) == 2
+    assert "ElasticGrow" not in w.reasons()
+
+
+def test_the_cap_follows_kueues_admission_up_and_down():
+    w = elastic_queued_world()
+    w.step(at(0))
+    w.admit(count=2)
+    w.step(at(1))
+    w.bind_all()
+    w.step(at(2))
+    w.admit(count=3)                         # the admission grows: grow to it, not to the 4 that fit
+    d = w.step(at(5))
+    assert d.action == "replan" and len(d.delete) == 2 and w.status["restarts"] == 0
+    grow = next(e for e in w.events if e.reason == "ElasticGrow")
+    assert "3 pods fit now, running with 2 (maxWorkers 4; admitted 3 of 4 pods by Kueue)" in grow.message
+    d = w.step(at(6))
+    assert pod_count(d) == 3
+    w.bind_all()
+    w.step(at(7))
+    assert w.status["phase"] == "Running" and len(w.pods) == 3
+
+    w.admit(count=1)                         # the admission shrinks under the running gang
+    d = w.step(at(10))
+    assert d.action == "replan" and len(d.delete) == 3 and w.status["restarts"] == 0
+    assert w.reasons()[-1] == "KueueAdmissionChanged"
+    assert "the gang has 3 pods, Kueue now admits 1" in w.events[-1].message
+    d = w.step(at(11))
+    assert pod_count(d) == 1 and w.status["attempt"] == 2
+
+
+def test_an_admission_below_min_workers_plans_nothing_and_says_why():
+    w = elastic_queued_world()
+    w.job["spec"]["elastic"]["minWorkers"] = 2
+    w.step(at(0))
+    w.admit(count=1)                         # Kueue would not do this (minCount 2); the planner holds anyway
+    d = w.step(at(1))
+    assert not d.create and w.status["phase"] == "Pending"
+    assert "at most 1 pods are admitted, fewer than the smallest gang of 2 pods" in progressing(w)["message"]

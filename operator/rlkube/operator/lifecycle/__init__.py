@@ -16,6 +16,7 @@ The rules, in the order they are checked:
 4. runPolicy.suspend: the gang is torn down, Suspended. Clearing it resumes with a new plan.
    4b. A job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until Kueue
    admits its Workload; evicted by Kueue, its gang is torn down and the quota handed back.
+   No plan or elastic grow goes above the pods Kueue admitted (partial admission).
 5. Pods of an older attempt are deleted and waited for (pod names are reused by the next
    attempt, so at most one pod per index ever exists; those stranded on a lost node are
    force-deleted). Then the restart backoff is waited out.

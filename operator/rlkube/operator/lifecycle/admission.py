@@ -26,7 +26,7 @@ def plan_and_admit(d: Decider) -> Decision:
         return NEED_CLUSTER
     # Older waiting jobs of the same priority class are served first (lifecycle/fifo.py).
     free, holders = fifo.held_back(d.cluster.inventory, fifo.ahead_of(job, d.cluster.waiting), largest_plan)
-    placement = largest_plan(spec, free, d.settings.host_path_shared)
+    placement = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap())
     if isinstance(placement, Unplaceable):
         reason = nodes.why_unplaceable(placement.reason, d.cluster, holders)
         old = condition(job.status, "Placed") or {}
@@ -43,7 +43,8 @@ def plan_and_admit(d: Decider) -> Decision:
     messages = list(placement.messages)
     if spec.elastic is not None:
         messages.append(f"elastic: {len(placement.pods)} pods of minWorkers {spec.elastic.min_workers}.."
-                        f"maxWorkers {spec.elastic.max_workers}, the most the free GPUs fit")
+                        f"maxWorkers {spec.elastic.max_workers}, the most the free GPUs fit"
+                        + d.admission_note())
     d.event("Normal", "Placed", f"attempt {s.attempt}: " + "; ".join(messages))
     if placement.fallback:
         d.event("Warning", "PlacementFallback", "; ".join(placement.messages))
@@ -57,8 +58,9 @@ def plan_and_admit(d: Decider) -> Decision:
     if render.uses_gang_gate(job.ref, spec):
         ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in objects if o["kind"] == "Pod"]
     d.event("Normal", "Admitted", f"gang of {len(placement.pods)} pods fits: created and ungated together")
-    return d.finish("Scheduling", "Admitted", f"creating {len(placement.pods)} pods", action="create",
-                    create=objects, ungate=ungate, requeue_after=float(spec.placement.gang_timeout_seconds))
+    return d.finish("Scheduling", "Admitted", f"creating {len(placement.pods)} pods" + d.admission_note(),
+                    action="create", create=objects, ungate=ungate,
+                    requeue_after=float(spec.placement.gang_timeout_seconds))
 
 
 def admit(d: Decider, gang: Gang) -> Decision:

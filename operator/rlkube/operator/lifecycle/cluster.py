@@ -125,17 +125,23 @@ def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str 
     return None
 
 
-def largest_plan(spec: Any, inventory: list[NodeInventory], shared_host_path: bool = True) -> Placement | Unplaceable:
-    """The plan at the largest gang size the spec allows (`worker_counts`) that fits `inventory`;
-    when none fits, the Unplaceable of the smallest size, whose reason is the one to fix.
+def largest_plan(spec: Any, inventory: list[NodeInventory], shared_host_path: bool = True,
+                 most: int | None = None) -> Placement | Unplaceable:
+    """The plan at the largest gang size the spec allows (`worker_counts`, none above `most`:
+    the pods Kueue admitted) that fits `inventory`; when none fits, the Unplaceable of the
+    smallest size, whose reason is the one to fix.
 
     Without `shared_host_path` (the operator's --host-path-shared: the hostPath checkpoint root is
     one filesystem on every node) a job with no checkpoint.volumeClaim keeps its checkpoints in a
     hostPath of each node, which the other nodes do not see: a gang restarted across nodes would
     lose them (or commit only rank 0's shards). Such a job gets only plans on one node."""
     one_node = not shared_host_path and not spec.checkpoint.volume_claim
+    counts = [w for w in spec.worker_counts() if most is None or w <= most]
+    if not counts:
+        return Unplaceable(f"at most {most} pods are admitted, fewer than the smallest gang of "
+                           f"{min(spec.worker_counts())} pods")
     failed, spanning = Unplaceable("no gang size to plan"), None
-    for workers in spec.worker_counts():
+    for workers in counts:
         try:
             plan = plan_placement(request_from_spec(spec.with_workers(workers)), inventory)
         except Unplaceable as exc:

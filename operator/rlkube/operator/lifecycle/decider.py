@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkube.operator import kueue_workload as kw
 from rlkube.operator import render
 from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
@@ -100,6 +101,25 @@ class Decider:
         if spec is None or placement is None or spec.elastic is None:
             return spec
         return spec.with_workers(len(placement.pods))
+
+    def kueue_admission(self) -> kw.WorkloadState | None:
+        """The job's Workload as Kueue admitted it, or None (not queued, or not admitted)."""
+        if self.workload is None:
+            return None
+        state = kw.observe_workload(self.workload)
+        return state if state.worker_cap is not None else None
+
+    def worker_cap(self) -> int | None:
+        """The most pods any plan of this job may have: Kueue's admitted count (an elastic job
+        may be admitted partly); None when nothing but the spec limits it."""
+        admission = self.kueue_admission()
+        return admission.worker_cap if admission is not None else None
+
+    def admission_note(self) -> str:
+        """" (admitted N of M pods by Kueue)" for a partly admitted job, else "": appended to the
+        condition messages of its plan and run, so `kubectl describe` says why it is smaller."""
+        admission = self.kueue_admission()
+        return f" ({admission.admission_message()})" if admission is not None and admission.partial else ""
 
     def pod_names(self) -> list[str]:
         spec = self.sized_spec()

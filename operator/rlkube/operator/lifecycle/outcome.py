@@ -51,7 +51,7 @@ def judge(d: Decider, gang: Gang) -> Decision:
             grown = _grow(d)
             if grown is not None:
                 return grown
-        return d.finish("Running", "Running", f"{len(current)} pods running",
+        return d.finish("Running", "Running", f"{len(current)} pods running{d.admission_note()}",
                         action="running" if started else "wait")
     message = f"{sum(p.phase == 'Running' for p in current)}/{len(current)} pods running"
     if stuck:
@@ -89,19 +89,26 @@ def _failed(d: Decider, gang: Gang) -> Decision | None:
 def _grow(d: Decider) -> Decision | None:
     """An elastic job running below maxWorkers whose larger gang fits now (counting the GPUs
     its own pods hold as free): end this attempt, not counted, so the next one is planned
-    larger. The pods get SIGTERM and checkpoint on the way out; the larger gang resumes there."""
-    spec, placement = d.job.spec, d.s.placement
+    larger. The pods get SIGTERM and checkpoint on the way out; the larger gang resumes there.
+    A job Kueue admitted partly grows no further than the admitted count."""
+    spec, placement, cap = d.job.spec, d.s.placement, d.worker_cap()
     assert placement is not None
     running = len(placement.pods)
-    if spec.elastic is None or running >= spec.elastic.max_workers:
+    if spec.elastic is None:
+        return None
+    if running >= (spec.elastic.max_workers if cap is None else min(cap, spec.elastic.max_workers)):
         return None
     if d.cluster is None:
         return NEED_CLUSTER
     held = d.cluster.own_gpus
     freed = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0))) for n in d.cluster.inventory]
-    bigger = largest_plan(spec, freed, d.settings.host_path_shared)
+    bigger = largest_plan(spec, freed, d.settings.host_path_shared, most=cap)
     if isinstance(bigger, Unplaceable) or len(bigger.pods) <= running:
         return None
+    limit = f"maxWorkers {spec.elastic.max_workers}"
+    admission = d.kueue_admission()
+    if admission is not None and admission.partial:
+        limit += f"; {admission.admission_message()}"
     return d.teardown("ElasticGrow", f"elastic: {len(bigger.pods)} pods fit now, running with {running} "
-                      f"(maxWorkers {spec.elastic.max_workers}): restarting the gang larger from its "
-                      "checkpoint", counted=False, event_type="Normal")
+                      f"({limit}): restarting the gang larger from its checkpoint", counted=False,
+                      event_type="Normal")

@@ -7,6 +7,10 @@ rules run as for any job. An eviction (preemption, a stopped queue) suspends the
 ends (attempt+1, not counted), its pods are deleted, the checkpoint stays, and once no pod is
 left the quota is handed back (`release_patch`) so the Workload queues again; re-admitted, the
 job plans anew and resumes from its checkpoint. A job without the label never gets here.
+
+An elastic job's Workload asks for maxWorkers pods and accepts minWorkers (`minCount`, Kueue's
+partial admission); every plan and every ElasticGrow of the job stays within the admitted count
+(`Decider.worker_cap`), and a gang larger than what Kueue admits now is re-planned within it.
 """
 
 from __future__ import annotations
@@ -36,14 +40,25 @@ def admitted_or_decide(d: Decider) -> Decision | None:
     state = kw.observe_workload(d.workload)
     if state.admitted and not state.evicted:
         if d.old_phase == "Pending" and _reason(d) == QUEUED:
-            d.event("Normal", "AdmittedByKueue", f"Kueue admitted Workload {state.name} in ClusterQueue "
-                    f"{state.cluster_queue}")
-        return None
+            d.event("Normal", "AdmittedByKueue", f"{state.admission_message()} (Workload {state.name}, "
+                    f"ClusterQueue {state.cluster_queue})")
+        return _over_admission(d, state)
     if state.evicted or d.pods or d.s.placement is not None:
         return _evicted(d, state)
     if d.old_phase != "Pending" or _reason(d) != QUEUED:
         d.event("Normal", "Queued", state.waiting_message())
     return d.finish("Pending", QUEUED, state.waiting_message(), requeue_after=POLL_SECONDS)
+
+
+def _over_admission(d: Decider, state: kw.WorkloadState) -> Decision | None:
+    """A plan larger than what Kueue admits now (the admission changed under a running gang):
+    end the attempt, not counted; the next one is planned within the admitted count."""
+    planned = len(d.s.placement.pods) if d.s.placement is not None else 0
+    if state.worker_cap is None or planned <= state.worker_cap:
+        return None
+    return d.teardown("KueueAdmissionChanged", f"the gang has {planned} pods, Kueue now admits "
+                      f"{state.worker_cap} ({state.admission_message()}): re-planning within the admission",
+                      counted=False, event_type="Normal")
 
 
 def _reason(d: Decider) -> str:

@@ -9,10 +9,19 @@ pinned there by nodeName, that removes the folder (and the namespace's folder on
 Finished cleanup pods are deleted by the operator (handlers.py).
 
 Retention, as documented in docs/scheduling.md: checkpoints stay while the job exists (a finished
-job keeps them, to export or inspect); they go with the job. Limits: a job deleted while no
-operator runs (the DELETED event is not replayed) keeps its folders, and a node that is down when
-the job goes keeps its folder (its cleanup pod fails after CLEANUP_DEADLINE_SECONDS, or waits for
-the node: a pod bound to a lost node is deleted with it).
+job keeps them, to export or inspect); they go with the job.
+
+A DELETED event is not replayed: a job deleted while no operator runs (it exited after losing its
+Lease to an API-server outage, say) would keep its folders. So before a job's first pods are
+created the operator writes a *checkpoint record*, a ConfigMap apart from the job (no
+ownerReference, so it outlives it) that says where the folders are: the job's name, UID, image
+and nodes. The DELETED handler removes the record once it has made the cleanup pods; a sweep at
+operator start and every few minutes (checkpoint_sweep.py) lists the records, then the jobs, and
+cleans for every record whose job UID is gone. Listing records first is what makes it safe
+without clocks: a record exists only after its job did, so a job missing from the later listing
+was deleted. Limits: a node that is down when the job goes keeps its folder (its cleanup pod
+fails after CLEANUP_DEADLINE_SECONDS, or waits for the node: a pod bound to a lost node is
+deleted with it), and a namespace deleted while no operator runs takes the records with it.
 
 The cleanup pod runs as root: the folder's parent is root's (the kubelet creates hostPath folders
 as root), and the job's own namespace already runs root init containers for hostPath checkpoints.
@@ -21,14 +30,16 @@ as root), and the job's own namespace already runs root init containers for host
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlkube.operator.observed import JobRef
+from rlkube.operator.observed import JobRef, JobView
 from rlkube.operator.render import HOST_CHECKPOINT_ROOT, MANAGED_BY, checkpoint_host_path
 from rlkube.operator.status import STATUS_CHECKPOINT_NODES
 
 LABEL_CLEANUP = "rlkube.io/checkpoint-cleanup"
+LABEL_RECORD = "rlkube.io/checkpoint-record"
+ANNOTATION_JOB_UID = "rlkube.io/job-uid"
 CLEANUP_DEADLINE_SECONDS = 300
 MOUNT = "/rlkube-checkpoints"
 
@@ -82,7 +93,7 @@ def _pod(ref: JobRef, spec: Mapping[str, Any], node: str, folder: str) -> dict:
             "name": cleanup_pod_name(ref.name, ref.uid, node),
             "namespace": ref.namespace,
             "labels": {LABEL_CLEANUP: ref.name[:63].rstrip("-_."), "app.kubernetes.io/managed-by": MANAGED_BY},
-            "annotations": {"rlkube.io/job-uid": ref.uid},
+            "annotations": {ANNOTATION_JOB_UID: ref.uid},
         },
         "spec": {
             "nodeName": node,  # that node's folder, whatever the scheduler would say
@@ -113,3 +124,52 @@ def finished(pod: Mapping[str, Any]) -> str | None:
     """"Succeeded"/"Failed" for a cleanup pod that ended (to be deleted), else None."""
     phase = (pod.get("status") or {}).get("phase")
     return phase if phase in ("Succeeded", "Failed") else None
+
+
+# -- checkpoint records: where a job's folders are, kept apart from the job ----------------------------
+
+
+def record_name(job_name: str, uid: str) -> str:
+    """Deterministic per job UID: a new job of the same name gets its own record."""
+    return f"{job_name[:200]}-ckpt-{uid[:8]}"
+
+
+def record(job: JobView, status: Mapping[str, Any]) -> dict | None:
+    """The ConfigMap that remembers where `job`'s hostPath checkpoints are (the nodes of `status`,
+    the status being written with the pods), or None when it keeps none there."""
+    spec = job.spec
+    if spec is None or spec.checkpoint.volume_claim or not spec.image:
+        return None
+    nodes = checkpoint_nodes({"spec": {}, "status": status})
+    if not nodes:
+        return None
+    ref = job.ref
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": record_name(ref.name, ref.uid),
+            "namespace": ref.namespace,
+            "labels": {LABEL_RECORD: ref.name[:63].rstrip("-_."), "app.kubernetes.io/managed-by": MANAGED_BY},
+            "annotations": {ANNOTATION_JOB_UID: ref.uid},
+        },
+        "data": {"job": ref.name, "uid": ref.uid, "image": spec.image,
+                 "imagePullPolicy": spec.image_pull_policy, "nodes": "\n".join(nodes)},
+    }  # fmt: skip
+
+
+def job_of_record(configmap: Mapping[str, Any]) -> dict:
+    """The deleted job, as much of it as cleanup_pods needs, from its record."""
+    meta, data = configmap["metadata"], configmap.get("data") or {}
+    return {
+        "metadata": {"name": data.get("job", ""), "namespace": meta["namespace"], "uid": data.get("uid", "")},
+        "spec": {"image": data.get("image", ""), "imagePullPolicy": data.get("imagePullPolicy")},
+        "status": {STATUS_CHECKPOINT_NODES: [n for n in data.get("nodes", "").split("\n") if n]},
+    }
+
+
+def orphaned(records: Iterable[Mapping[str, Any]], live_uids: set[str]) -> list[Mapping[str, Any]]:
+    """The records whose job is gone. `live_uids` must be listed AFTER `records`: a record is
+    written only once its job exists, so a job missing from the later listing was deleted (a job
+    created after the records were listed has no record in them)."""
+    return [r for r in records if (r.get("data") or {}).get("uid") and r["data"]["uid"] not in live_uids]

@@ -360,3 +360,21 @@ class KubeAPI:
     def replace_lease(self, namespace: str, lease: dict) -> dict:
         """PUT with the lease's metadata.resourceVersion: Conflict when someone else wrote it."""
         return self.request("PUT", self._lease_path(namespace, lease["metadata"]["name"]), body=lease)
+
+
+# -- checkpoint records (cleanup.py, checkpoint_sweep.py) ----------------------------------------------
+
+
+def list_configmaps(api: KubeAPI, namespace: str | None, label_selector: str) -> list[dict]:
+    """ConfigMaps with that label in `namespace` (None: every namespace)."""
+    path = "/api/v1/configmaps" if namespace is None else f"/api/v1/namespaces/{quote(namespace)}/configmaps"
+    return api.request("GET", path, query={"labelSelector": label_selector}).get("items") or []
+
+
+def delete_configmap(api: KubeAPI, namespace: str, name: str) -> None:
+    """Delete a ConfigMap; one already gone is fine."""
+    try:
+        api.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise

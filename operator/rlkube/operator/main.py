@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resync-seconds", type=float, default=10.0,
                    help="every job is reconciled (and rank 0's /progress polled) this often")
     p.add_argument("--workers", type=int, default=16, help="reconciles running at once (different jobs)")
+    p.add_argument("--checkpoint-sweep-seconds", type=float, default=300.0,
+                   help="at start and this often, clean the hostPath checkpoints of jobs deleted while no "
+                        "operator ran (checkpoint_sweep.py)")
     p.add_argument("--backoff-base-seconds", type=float, default=Settings.backoff_base_seconds,
                    help="wait before the first gang restart; doubles per restart")
     p.add_argument("--backoff-max-seconds", type=float, default=Settings.backoff_max_seconds)
@@ -145,6 +148,7 @@ def run(argv: list[str] | None = None) -> int:
 async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconciler, metrics: Metrics) -> None:
     import kopf
 
+    from rlkube.operator.checkpoint_sweep import sweep_loop
     from rlkube.operator.handlers import WorkQueue, build_registry, follow_inventory_pods, resync_loop
 
     queue = WorkQueue(reconciler, workers=args.workers, metrics=metrics)
@@ -179,6 +183,7 @@ async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconcile
     helpers = [
         asyncio.create_task(resync_loop(queue, list_jobs, args.resync_seconds, metrics)),
         asyncio.create_task(mark_ready()),
+        asyncio.create_task(sweep_loop(reconciler, namespaces, args.checkpoint_sweep_seconds, metrics, queue.executor)),
     ]
     try:
         await kopf.operator(

@@ -67,9 +67,14 @@ RULES: tuple[Rule, ...] = (
         "(AlreadyExists counts as done: its name is deterministic)",
     }),
     Rule("", "configmaps", "watched", {
-        "get": "when the ConfigMap exists already, comparing its run.yaml with the spec's",
-        "create": "the ConfigMap holding run.yaml (RuntimeConfig with the device map)",
-        "patch": "rewriting run.yaml when the spec changed it (applied at the next gang start)",
+        "get": "when the ConfigMap (or checkpoint record) exists already, comparing its data with the new one",
+        "create": "the ConfigMap holding run.yaml (RuntimeConfig with the device map), and the job's "
+        "checkpoint record (where its hostPath checkpoints are; cleanup.py)",
+        "patch": "rewriting run.yaml when the spec changed it (applied at the next gang start); updating "
+        "a job's checkpoint record when a re-plan adds a node",
+        "list": "the checkpoint sweep lists the checkpoint records (label rlkube.io/checkpoint-record) "
+        "to clean for jobs deleted while no operator ran (checkpoint_sweep.py)",
+        "delete": "a checkpoint record is deleted once its job's cleanup pods are made",
     }),
     Rule("", "events", "watched", {
         "create": "an Event on the job for every decision (placed, admitted, restarted, failed...)",

@@ -29,7 +29,7 @@ from typing import Any
 from rlkube.operator import cleanup, kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
 from rlkube.operator.cluster_state import ListedInventory, WatchedInventory
-from rlkube.operator.kubeapi import ApiError, KubeAPI
+from rlkube.operator.kubeapi import ApiError, KubeAPI, delete_configmap
 from rlkube.operator.lifecycle import Decision, Settings, decide
 from rlkube.operator.lifecycle.cluster import cluster_view_of
 from rlkube.operator.lifecycle.rejection import rejected
@@ -234,10 +234,14 @@ class Reconciler:
         # before the ConfigMap it mounts and the Service it resolves exist. Pods not gated by us
         # (Kueue, Volcano) are created after those. Then the gates, concurrently.
         pods = [obj for obj in decision.create if obj["kind"] == "Pod"]
+        # Where the hostPath checkpoints will be, kept apart from the job (cleanup.py): created with
+        # the pods, before any can start, so a job deleted while no operator runs is still cleaned.
+        record = cleanup.record(job, decision.status) if pods else None
+        create = [*decision.create, record] if record else decision.create
         if all(GANG_GATE in {g.get("name") for g in obj["spec"].get("schedulingGates") or ()} for obj in pods):
-            list(self._writers.map(self._create_child, decision.create))
+            list(self._writers.map(self._create_child, create))
         else:
-            list(self._writers.map(self._create_child, [obj for obj in decision.create if obj["kind"] != "Pod"]))
+            list(self._writers.map(self._create_child, [obj for obj in create if obj["kind"] != "Pod"]))
             list(self._writers.map(self._create_child, pods))
         list(self._writers.map(lambda g: self.api.remove_gate(ns, g.name, g.position, GANG_GATE, g.attempt),
                                decision.ungate))
@@ -250,17 +254,24 @@ class Reconciler:
                         decision.status.get("phase"), ", ".join(f"{e.reason}" for e in decision.events) or "-")
 
     def clean_checkpoints(self, job: Mapping[str, Any]) -> list[str]:
-        """`job` (its last state) was deleted: create the pods that remove its hostPath checkpoint
-        folders on its nodes (cleanup.py); returns their names. Errors are logged, not raised:
-        nothing retries a DELETED event."""
-        meta, made = job["metadata"], []
+        """`job` (its last state, or what its checkpoint record says) was deleted: create the pods
+        that remove its hostPath checkpoint folders on its nodes (cleanup.py), then delete its
+        record; returns the pods' names. Errors are logged, not raised: a record left behind is
+        retried by the sweep (checkpoint_sweep.py)."""
+        meta, made, failed = job["metadata"], [], False
         for pod in cleanup.cleanup_pods(job, self.settings.host_path_shared):
             try:
                 if self.api.create(pod):
                     made.append(pod["metadata"]["name"])
             except ApiError as exc:
+                failed = True
                 logger.warning("%s/%s: could not create checkpoint cleanup pod for node %s: %s",
                                meta["namespace"], meta["name"], pod["spec"]["nodeName"], exc)
+        if not failed and meta.get("uid"):
+            try:
+                delete_configmap(self.api, meta["namespace"], cleanup.record_name(meta["name"], meta["uid"]))
+            except ApiError as exc:
+                logger.warning("%s/%s: could not delete its checkpoint record: %s", meta["namespace"], meta["name"], exc)
         if made:
             logger.info("%s/%s deleted: removing its hostPath checkpoints (%s)", meta["namespace"], meta["name"],
                         ", ".join(made))

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tests.cluster import controlplane, procs
@@ -114,6 +115,8 @@ class Driver:
         self.faults: list[Fault] = []
         self.skipped: list[str] = []
         self.recoveries: dict[str, list[float]] = {}
+        # Called when a trainer kill finds no trainer running: applies a job still to come (soak.py).
+        self.no_trainer: Callable[[], bool] = lambda: False
 
     def run(self, plan: list[Planned], opened: float, stop: threading.Event) -> None:
         for item in plan:
@@ -139,9 +142,11 @@ class Driver:
         # Wait (bounded) for a trainer to run: a gang may be between attempts right now.
         running: list[dict] = []
         deadline = time.monotonic() + TRAINER_WAIT_S
+        early = False
         while not running and time.monotonic() < deadline:
             running = [p for p in self._trainer_pods() if _running_container(p)]
             if not running:
+                early = early or self.no_trainer()
                 time.sleep(2)
         if not running:
             self.skipped.append(f"{time.strftime('%H:%M:%S')} kill-trainer: no running trainer pod")
@@ -167,7 +172,8 @@ class Driver:
         pod = deploy.wait_operator_ready(self.cluster)
         name, start, t0 = pod["metadata"]["name"], time.time(), time.monotonic()
         if item.variant == "sigkill":
-            self._ctr_kill(pod, _running_container(pod))
+            pod = self._kill_operator_container(pod)
+            name, start, t0 = pod["metadata"]["name"], time.time(), time.monotonic()
         else:
             self.cluster.kubectl("delete", "pod", "-n", deploy.OPERATOR_NAMESPACE, name,
                                  "--grace-period=0", "--force", "--wait=false")
@@ -206,6 +212,25 @@ class Driver:
         self._done(item.kind, start, "kube-apiserver", f"down {item.seconds:.0f} s", time.monotonic() - t0)
 
     # -- helpers -------------------------------------------------------------------------------------
+
+    def _kill_operator_container(self, pod: dict) -> dict:
+        """SIGKILL the operator's running container; returns the pod it was in. Seen (07:02): the
+        operator had just exited on its own (its Lease lost to an API-server restart a moment
+        before), its pod still Ready, its container gone, so `ctr tasks kill` failed. Then the
+        next running container is killed, once the pod is Ready with one (bounded)."""
+        tried: set[str] = set()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            container = _running_container(pod)
+            if container and container not in tried:
+                try:
+                    self._ctr_kill(pod, container)
+                    return pod
+                except subprocess.CalledProcessError:
+                    tried.add(container)
+            time.sleep(1)
+            pod = deploy.wait_operator_ready(self.cluster, timeout=300)
+        raise subprocess.CalledProcessError(1, f"ctr tasks kill: no running operator container but {sorted(tried)}")
 
     def _trainer_pods(self) -> list[dict]:
         out = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", "rlkube.io/pod-index", "-o", "json")

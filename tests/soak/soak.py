@@ -64,15 +64,43 @@ def job_specs(count: int, steps: int, grpo_steps: int, tag: str) -> list[dict]:
     return jobs
 
 
-def arrive(cluster, jobs: list[dict], opened: float, duration: float) -> None:
-    """Apply `jobs` one by one, evenly over the first 80% of the fault window, so that trainers run
-    all through it however fast this machine trains (an idle one finished a first wave of 6
-    jobs of 120 steps in ~80 s, before most faults came)."""
-    for i, job in enumerate(jobs):
-        time.sleep(max(0.0, opened + 0.8 * duration * (i + 1) / (len(jobs) + 1) - time.monotonic()))
+ARRIVAL_LEAD_S = 20.0  # a job applied this long before a trainer kill has a running trainer by then
+
+
+def arrival_times(plan: list[faults.Planned], count: int, duration: float) -> list[float]:
+    """When (seconds into the fault window) each of `count` later jobs is applied: one
+    ARRIVAL_LEAD_S before each planned trainer kill, the latest kills first (the first wave
+    covers the early ones), the rest evenly over the first 80% of the window. So a trainer runs
+    at every kill however fast this machine trains: on an idle one (07:02) a 400-step DPO job
+    took ~46 s, every job had finished before the last kill, and the kill found no trainer."""
+    kills = sorted((p.at for p in plan if p.kind == "kill-trainer"), reverse=True)[:count]
+    times = [max(0.0, at - ARRIVAL_LEAD_S) for at in kills]
+    rest = count - len(times)
+    times += [0.8 * duration * (i + 1) / (rest + 1) for i in range(rest)]
+    return sorted(times)
+
+
+class Arrivals:
+    """The jobs still to be applied during the window: at their times (arrival_times), or one
+    early when a trainer kill finds no trainer running (`apply_next`, called by the driver)."""
+
+    def __init__(self, cluster, jobs: list[dict]) -> None:
+        self.cluster, self.pending, self.lock = cluster, list(jobs), threading.Lock()
+
+    def apply_next(self, why: str) -> bool:
+        with self.lock:
+            job = self.pending.pop(0) if self.pending else None
+        if job is None:
+            return False
         # The API server may be down for a fault right now: retried, bounded.
-        deploy.wait_until(f"{job['metadata']['name']} applied", lambda j=job: _applied(cluster, j), 120, interval=2)
-        deploy.log(f"soak: {job['metadata']['name']} applied")
+        deploy.wait_until(f"{job['metadata']['name']} applied", lambda: _applied(self.cluster, job), 120, interval=2)
+        deploy.log(f"soak: {job['metadata']['name']} applied ({why})")
+        return True
+
+    def run(self, opened: float, times: list[float]) -> None:
+        for at in times:
+            time.sleep(max(0.0, opened + at - time.monotonic()))
+            self.apply_next(f"{at:.0f} s into the window")
 
 
 def _applied(cluster, job: dict) -> bool:
@@ -145,7 +173,11 @@ def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
         opened = time.monotonic()
         report["window_opened"] = time.time()
         deploy.log(f"soak: a job trains; the fault window opens ({args.duration:.0f} s)")
-        arrivals = threading.Thread(target=arrive, args=(cluster, later, opened, args.duration), daemon=True)
+        times = arrival_times(plan, len(later), args.duration)
+        report["arrivals"] = times
+        pending = Arrivals(cluster, later)
+        driver.no_trainer = lambda: pending.apply_next("early: a trainer kill found no trainer")
+        arrivals = threading.Thread(target=pending.run, args=(opened, times), daemon=True)
         arrivals.start()
         driver.run(plan, opened, threading.Event())
         arrivals.join(timeout=120)

@@ -118,3 +118,30 @@ class ProcessUsage:
     def memory_mib(self) -> dict[str, float]:
         status = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
         return {key: round(int(status[key].split()[0]) / 1024, 1) for key in ("VmRSS", "VmHWM")}
+
+
+def request_counts(client) -> dict[str, float]:
+    """The API server's own count of the requests it served (apiserver_request_total), summed
+    per 'VERB resource[/subresource]' and the seconds it spent on them
+    (apiserver_request_duration_seconds_sum), from its /metrics; watches are left out."""
+    raw = client.request("GET", "/metrics")
+    text = raw if isinstance(raw, str) else ""
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        for metric, suffix in (("apiserver_request_total{", ""), ("apiserver_request_duration_seconds_sum{", " s")):
+            if not line.startswith(metric):
+                continue
+            labels = dict(part.split("=", 1) for part in line[len(metric):line.rindex("}")].split(",") if "=" in part)
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            if labels.get("verb") in ("WATCH", "CONNECT") or not labels.get("resource"):
+                continue
+            name = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[f"{labels['verb']} {name}{suffix}"] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def request_delta(before: dict[str, float], after: dict[str, float], top: int = 16) -> dict[str, float]:
+    """after - before, the `top` largest by count, then their seconds."""
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    counts = sorted((k for k in delta if not k.endswith(" s") and delta[k] > 0), key=lambda k: -delta[k])[:top]
+    return {**{k: int(delta[k]) for k in counts}, **{f"{k} s": round(delta.get(f"{k} s", 0.0), 1) for k in counts}}

@@ -39,6 +39,7 @@ import platform
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -50,7 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
-from arrivals import PodWatch, ProcessUsage, percentile, submit_steady  # noqa: E402
+from arrivals import PodWatch, ProcessUsage, percentile, request_counts, request_delta, submit_steady  # noqa: E402
 from operator_env import POOL_LABEL, Env, Kubelet, Operator, wait_until  # noqa: E402
 
 from rlkube.operator import render  # noqa: E402
@@ -115,11 +116,40 @@ def create_all(env: Env, bodies: list[tuple[str, dict]], workers: int = 8) -> fl
     return time.monotonic() - t0
 
 
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+OPERATOR_PYTHONPATH = ""  # --operator-pythonpath: the operator's code from another tree (an earlier commit's)
+PROFILE: Path | None = None  # --profile: py-spy's folded stacks of the operator over the arm
+
+
+def control_plane_usage() -> dict[str, ProcessUsage]:
+    """CPU meters of the private control plane's processes (those that run)."""
+    out = {}
+    for name in CONTROL_PLANE:
+        pid = procs.read_pid(STATE, name)
+        if pid and procs.alive(pid):
+            out[name] = ProcessUsage(pid)
+    return out
+
+
+def start_profile(pid: int) -> subprocess.Popen | None:
+    """py-spy (installed in .venv for measurement only, not a dependency) sampling the operator's
+    threads on CPU, 50 times a second, until stopped."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if PROFILE is None or spy is None:
+        return None
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "50", "--format", "raw",
+                             "--output", str(PROFILE), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def steady(env: Env, arm: str, jobs: int, rate: float, operator: Operator | None) -> dict:
     """One arm with jobs arriving at `rate` per second; figures from a pod watch."""
     client = controlplane.admin_client(private_layout(), timeout=60)
     watch = PodWatch(client, env.namespace).start()
     usage = ProcessUsage(operator.proc.pid) if operator else None
+    plane = control_plane_usage()
+    requests_before = request_counts(client)
+    spy = start_profile(operator.proc.pid) if operator else None
     if arm == "rlkube":
         path = f"/apis/rlkube.io/v1alpha1/namespaces/{env.namespace}/rltrainingjobs"
         bodies = [(path, env.job_body(f"job{i}", SPEC)) for i in range(jobs)]
@@ -138,8 +168,14 @@ def steady(env: Env, arm: str, jobs: int, rate: float, operator: Operator | None
             time.sleep(0.5)
         created = watch.per_job(watch.created, 8)
         admitted = watch.per_job(watch.ungated, 8)
+        elapsed = time.monotonic() - t0
+        plane_cpu = {name: round(u.cpu_seconds() - u.start_cpu, 1) for name, u in plane.items() if procs.alive(u.pid)}
+        requests = request_delta(requests_before, request_counts(client))
     finally:
         watch.stop()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(timeout=60)
     last_pod = max(watch.created.values(), default=t0)
     out = {"submit_s": round(submit_s, 2), "pods_created": len(watch.created),
            "created_s": round(last_pod - t0, 2), "pods_per_s": round(len(watch.created) / (last_pod - t0), 1),
@@ -158,6 +194,9 @@ def steady(env: Env, arm: str, jobs: int, rate: float, operator: Operator | None
         out.update(operator_cpu_s=round(usage.cpu_seconds() - usage.start_cpu, 1),
                    operator_cpu_share=round((usage.cpu_seconds() - usage.start_cpu) / (time.monotonic() - t0), 2),
                    operator_mem_mib=usage.memory_mib())
+    out["control_plane_cpu_s"] = plane_cpu  # over the same window as the pods' (all arrived and done)
+    out["window_s"] = round(elapsed, 1)
+    out["apiserver_requests"] = requests  # every client's, the arm's window (see arrivals.request_counts)
     return out
 
 
@@ -193,7 +232,8 @@ def job_template(env: Env) -> dict:
 
 def run_rlkube(env: Env, log_dir: Path, jobs: int, rate: float | None = None, extra: list[str] = ()) -> dict:
     # The operator's default settings; --host-path-shared: fake nodes keep no checkpoints.
-    operator = Operator(env, log_dir, fast=False, extra=["--host-path-shared", *extra])
+    environ = {"PYTHONPATH": OPERATOR_PYTHONPATH} if OPERATOR_PYTHONPATH else None
+    operator = Operator(env, log_dir, fast=False, extra=["--host-path-shared", *extra], environ=environ)
     operator.start()
     try:
         operator.wait_ready(90)
@@ -319,7 +359,14 @@ def main(argv: list[str] | None = None) -> int:
                              "same gated pods created and ungated by the bench itself, 32 requests at a time")
     parser.add_argument("--operator-arg", action="append", default=[],
                         help="an extra flag for the operator (repeatable), e.g. --operator-arg=--inventory=list")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write py-spy's folded stacks of the operator (scale mode) to this file")
+    parser.add_argument("--operator-pythonpath", default="",
+                        help="PYTHONPATH for the operator process, e.g. an earlier commit's operator and runtime "
+                             "folders (git archive), to measure it side by side")
     args = parser.parse_args(argv)
+    global PROFILE, OPERATOR_PYTHONPATH
+    PROFILE, OPERATOR_PYTHONPATH = args.profile, args.operator_pythonpath
     # A SIGTERM (a timeout) still runs the clean-up below: the private control plane is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.kwok:

@@ -33,7 +33,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import bins, docker_engine
+from . import bins, docker_engine, procs
 from .layout import Layout, NodeSpec, default_nodes
 
 NAME = "rlkube"
@@ -218,6 +218,11 @@ def up(layout: Layout, timeout: float = 300.0) -> dict[str, float]:
     kc = subprocess.run([str(bins.kubectl()), "config", "view", "--raw", "--flatten", "-o", "json"],
                         env={**env, "KUBECONFIG": "/dev/stdin"}, input=raw, capture_output=True, text=True, check=True)  # fmt: skip
     _write_credentials(layout, json.loads(kc.stdout))
+    # kind's CA key, so the harness's pki.issue can sign serving certificates the API server
+    # trusts (Kueue's webhooks, tests/cluster/kueue.py), as it does with the harness's own CA.
+    (layout.pki / "ca.key").write_text(_docker("exec", f"{NAME}-control-plane", "cat", "/etc/kubernetes/pki/ca.key",
+                                               env=env))  # fmt: skip
+    (layout.pki / "ca.key").chmod(0o600)
     if local:
         setup_network(layout, env)
     wait_nodes_ready(layout, len(nodes) + 1, timeout)
@@ -234,7 +239,9 @@ def up(layout: Layout, timeout: float = 300.0) -> dict[str, float]:
 
 
 def down(layout: Layout) -> None:
-    """Delete the kind cluster (the engine stays: `make cluster-down` also stops it)."""
+    """Stop the host processes the tests started for this cluster (Kueue's manager), delete the
+    kind cluster (the engine stays: `make cluster-down` also stops it)."""
+    procs.stop_all(layout.state)
     env = docker_engine.env()
     if docker_engine.ours_running() or subprocess.run([docker_engine.docker_cli(), "info"], env=env,
                                                       capture_output=True).returncode == 0:  # fmt: skip
@@ -288,3 +295,54 @@ def node_exec(layout: Layout, node_name: str, *cmd: str) -> str:
     env = docker_engine.env()
     by_node = {name: container for container, name in _node_containers(layout, env).items()}
     return _docker("exec", by_node[node_name], *cmd, env=env)
+
+
+def is_kind(layout: Layout) -> bool:
+    backend = layout.state / "backend"
+    return backend.exists() and backend.read_text().strip() == "kind"
+
+
+def host_address(layout: Layout) -> str:
+    """The address at which the cluster's API server reaches a process on this machine (a webhook
+    server): 127.0.0.1 on the harness, whose API server is a host process; on kind, the kind
+    Docker network's gateway, the host's own address on that bridge (the API server runs in the
+    control-plane container, where 127.0.0.1 is the container itself). The engine adds no
+    iptables rules, so nothing filters the container-to-host traffic."""
+    if not is_kind(layout):
+        return "127.0.0.1"
+    route = _docker("exec", f"{NAME}-control-plane", "ip", "-4", "route", "show", "default", env=docker_engine.env())
+    words = route.split()  # "default via 172.18.0.1 dev eth0"
+    if "via" not in words:
+        raise RuntimeError(f"kind: no default route in the control-plane node: {route!r}")
+    return words[words.index("via") + 1]
+
+
+def node_pid(layout: Layout, node_name: str) -> int:
+    """The host pid of a node container's init (systemd): its /proc/<pid>/root is the node's disk."""
+    env = docker_engine.env()
+    by_node = {name: container for container, name in _node_containers(layout, env).items()}
+    return int(_docker("inspect", "-f", "{{.State.Pid}}", by_node[node_name], env=env).strip())
+
+
+def kubelet_pid(layout: Layout, node_name: str) -> int:
+    """The host pid of the kubelet inside a node container (the one process named kubelet in the
+    node's pid namespace), so a test can signal it as it signals a harness kubelet."""
+    init = node_pid(layout, node_name)
+    namespace = os.readlink(f"/proc/{init}/ns/pid")
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "kubelet" \
+                    and os.readlink(entry / "ns" / "pid") == namespace:  # fmt: skip
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    if len(found) != 1:
+        raise RuntimeError(f"kind: expected one kubelet in node {node_name}, found pids {found}")
+    return found[0]
+
+
+def pod_logs_dir(layout: Layout, node_name: str) -> Path:
+    """A node's /var/log/pods as seen from the host (through its init's root), readable while
+    the node's kubelet is stopped."""
+    return Path(f"/proc/{node_pid(layout, node_name)}/root/var/log/pods")

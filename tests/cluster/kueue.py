@@ -11,7 +11,8 @@ see is the one the binary serves. docs/kueue.md says why it runs this way; in sh
   Cohort have two API versions converted by its /convert endpoint. The serving certificate comes
   from the cluster CA (pki.py) for 127.0.0.1, and the harness registers the webhook
   configurations and CRD conversion with `url: https://127.0.0.1:<port>/...` (the apiserver is a
-  host process too). Only the webhooks of Kueue's own group are registered: the job
+  host process too; on kind, where it runs in a node container, the kind network's gateway:
+  kind.host_address). Only the webhooks of Kueue's own group are registered: the job
   integrations' webhooks (batch/job is on by default and cannot be listed away) would gate every
   Job or Pod of the cluster, and rlkube does not use them.
 - Kueue reads its metrics certificate from the fixed path /etc/kueue/metrics/certs when it does
@@ -34,6 +35,7 @@ from pathlib import Path
 from . import bins, pki, procs
 from .api import ApiError, Client, wait_for
 from .controlplane import admin_client
+from .kind import host_address
 from .layout import Layout
 
 KUEUE = "kueue"
@@ -83,7 +85,7 @@ def _certificates(layout: Layout) -> Path:
     """Folder with tls.crt/tls.key for the webhook server (and the metrics server)."""
     certs = _state(layout) / "certs"
     certs.mkdir(parents=True, exist_ok=True)
-    crt, key = pki.issue(layout.pki, pki.Identity("kueue-webhook", "kueue-webhook", hosts=("127.0.0.1", "localhost")))
+    crt, key = pki.issue(layout.pki, pki.Identity("kueue-webhook", "kueue-webhook", hosts=(host_address(layout), "127.0.0.1", "localhost")))
     shutil.copyfile(crt, certs / "tls.crt")
     shutil.copyfile(key, certs / "tls.key")
     return certs
@@ -103,15 +105,14 @@ def install_crds(layout: Layout, client: Client) -> None:
     """Server-side apply Kueue's CRDs, with /convert on 127.0.0.1 where Kueue's install has it."""
     src = source_dir()
     converted = _converted_crds(src)
-    names = []
+    names, server = [], f"https://{host_address(layout)}:{webhook_port(layout)}"
     for path in sorted((src / "config/components/crd/bases").glob("*.yaml")):
         for crd in _load_yaml(path):
             if crd["spec"]["names"]["plural"] in converted:
                 crd["spec"]["conversion"] = {
                     "strategy": "Webhook",
                     "webhook": {
-                        "clientConfig": {"url": f"https://127.0.0.1:{webhook_port(layout)}/convert",
-                                         "caBundle": _ca_bundle(layout)},
+                        "clientConfig": {"url": f"{server}/convert", "caBundle": _ca_bundle(layout)},
                         "conversionReviewVersions": ["v1"],
                     },
                 }  # fmt: skip
@@ -133,14 +134,13 @@ def install_crds(layout: Layout, client: Client) -> None:
 
 def webhook_configurations(layout: Layout) -> list[dict]:
     """Kueue's webhook configurations, only the webhooks of its own group, pointing at 127.0.0.1."""
-    out = []
+    out, server = [], f"https://{host_address(layout)}:{webhook_port(layout)}"
     for config in _load_yaml(source_dir() / "config/components/webhook/manifests.yaml"):
         kind = "mutating" if config["kind"] == "MutatingWebhookConfiguration" else "validating"
         hooks = [h for h in config["webhooks"] if all(r.get("apiGroups") == [GROUP] for r in h.get("rules", []))]
         for hook in hooks:
             path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"https://127.0.0.1:{webhook_port(layout)}{path}",
-                                    "caBundle": _ca_bundle(layout)}
+            hook["clientConfig"] = {"url": f"{server}{path}", "caBundle": _ca_bundle(layout)}
         config["metadata"] = {"name": WEBHOOK_NAMES[kind], "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER}}
         config["webhooks"] = hooks
         out.append(config)
@@ -155,7 +155,7 @@ def _config(layout: Layout, certs: Path) -> Path:
         "namespace": NAMESPACE,
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port(layout)}"},
         "metrics": {"bindAddress": f"127.0.0.1:{metrics_port(layout)}"},
-        "webhook": {"host": "127.0.0.1", "port": webhook_port(layout), "certDir": str(certs)},
+        "webhook": {"host": host_address(layout), "port": webhook_port(layout), "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         # The on-demand visibility API is an aggregated apiserver nothing here registers.

@@ -20,7 +20,6 @@ from typing import Any
 import yaml
 
 from tests.cluster import bins, images
-from tests.cluster.cluster import backend as cluster_backend
 from tests.sections import with_sections
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,11 +217,11 @@ def delete_job(cluster, namespace: str, name: str) -> None:
     """Delete the job and check that nothing of it is left: its hostPath checkpoint folder is
     removed by the operator's cleanup pod, and that pod is gone too (operator/.../cleanup.py).
 
-    The harness's nodes share this machine's disk, so the folder is checked here directly (not
-    on a kind cluster, whose nodes are containers)."""
+    The harness's nodes share this machine's disk, and a kind cluster's workers bind-mount this
+    machine's /var/lib/rlkube (kind.SHARED_PATHS), so the folder is checked here directly."""
     found = cluster.kubectl("get", "rltj", name, "-n", namespace, "-o", "json", "--ignore-not-found")
     cluster.kubectl("delete", "rltj", name, "-n", namespace, "--ignore-not-found", "--wait=true", timeout=180)
-    if not found.strip() or cluster_backend(cluster.layout) == "kind":
+    if not found.strip():
         return
     job = json.loads(found)
     if (job["spec"].get("checkpoint") or {}).get("volumeClaim"):

@@ -28,17 +28,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import kind, procs
 from tests.cluster import nodes as cluster_nodes
-from tests.cluster import procs
 from tests.e2e import deploy
 from tests.e2e.deploy import EVERY
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(1200),
-    # The kubelet's pid and its pod-log folder are read from the harness's state dir; on kind the
-    # kubelet runs inside a node container (not ported yet: docs/cluster.md, "The kind path").
-    pytest.mark.skipif(os.environ.get("RLKUBE_CLUSTER") == "kind", reason="harness-only: stops a kubelet by pid"),
 ]
 
 # Long enough that the stale trainer is still running when the new attempt starts (~55-65 s after
@@ -55,7 +52,10 @@ def stopped_kubelet(cluster, node_name: str):
     """SIGSTOP the node's kubelet; SIGCONT it on the way out, whatever happened, and wait for the
     node to be Ready again (bounded) so the next test has both nodes."""
     (node,) = [n for n in cluster.nodes if n.name == node_name]
-    pid = procs.read_pid(cluster.layout.state, cluster_nodes.kubelet_name(node))
+    if kind.is_kind(cluster.layout):  # the kubelet runs in the node's container, a host process all the same
+        pid = kind.kubelet_pid(cluster.layout, node_name)
+    else:
+        pid = procs.read_pid(cluster.layout.state, cluster_nodes.kubelet_name(node))
     assert pid and procs.alive(pid), f"kubelet of {node_name} is not running"
     os.kill(pid, signal.SIGSTOP)
     deploy.log(f"kubelet of {node_name} (pid {pid}) stopped")
@@ -75,7 +75,9 @@ def _ready(cluster, node_name: str) -> bool:
 def pod_log_on_disk(cluster, node, pod: dict) -> str:
     """A pod's trainer log read from its node's pod-log directory (its kubelet cannot serve it)."""
     meta = pod["metadata"]
-    folder = cluster.layout.node_dir(node) / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    logs = kind.pod_logs_dir(cluster.layout, node.name) if kind.is_kind(cluster.layout) \
+        else cluster.layout.node_dir(node) / "pod-logs"  # fmt: skip
+    folder = logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
     return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("trainer/*.log")))
 
 

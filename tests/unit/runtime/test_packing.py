@@ -62,6 +62,21 @@ def test_packed_equals_unpacked(lm, explicit_mask, row_tokens):
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("explicit_mask", [True, False], ids=["block-mask", "position-ids"])
+def test_min_width_pads_a_short_row_without_changing_logprobs(lm, explicit_mask):
+    """A packed row shorter than `min_width` (what a compiled layer is given, engine/models.py
+    COMPILED_MIN_TOKENS) is padded up to it; the padding is a block of its own, so the scored
+    sequences' log-probs do not move."""
+    data, ids = varied_data(), [0, 1]
+    with torch.no_grad():
+        batch = pack_pairs(data, ids, TOK.bos_id, TOK.eos_id, explicit_mask=explicit_mask, pad=TOK.pad_id,
+                           multiple_of=8, min_width=96)
+        assert sum(batch.seq_lens) < 96 and batch.input_ids.shape == (1, 96)
+        wide = pack_pairs(data, [0, 1, 2, 3, 4], TOK.bos_id, TOK.eos_id, pad=TOK.pad_id, multiple_of=8, min_width=16)
+        assert wide.input_ids.shape[1] == -(-sum(wide.seq_lens) // 8) * 8  # longer rows: only the multiple
+        torch.testing.assert_close(lm(batch), one_by_one(lm, data, ids), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("padding_mask", [True, False], ids=["padding-mask", "right-padding-no-mask"])
 def test_padded_batch_equals_unpacked(lm, padding_mask):
     data = varied_data(seed=3)

@@ -133,11 +133,13 @@ def pack_pairs(
     row_tokens: int | None = None,
     pad: int = 0,
     multiple_of: int = 1,
+    min_width: int = 0,
 ) -> TokenBatch:
     """The sequences of `pair_ids` packed end to end, position ids restarting per sequence.
 
     `row_tokens=None`: one row holding everything (what flash-attn's varlen path and flex want),
-    right-padded to a multiple of `multiple_of` tokens (fewer distinct shapes for compiled kernels).
+    right-padded to a multiple of `multiple_of` tokens and to at least `min_width` (fewer distinct
+    shapes for compiled kernels, see engine/models.py COMPILED_MIN_TOKENS).
     Otherwise rows of at most `row_tokens` tokens (first-fit decreasing; a sequence longer than
     that gets a row of its own), right-padded to the longest row. Bounded rows matter for sdpa,
     whose masked kernel computes every (query, key) block of a row: a few rows of maxSeqLen cost
@@ -159,7 +161,7 @@ def pack_pairs(
             else:
                 rows.append([s])
                 fill.append(lens[s])
-    width = -(-max(fill) // multiple_of) * multiple_of
+    width = max(-(-max(fill) // multiple_of) * multiple_of, min_width)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     positions = torch.zeros((len(rows), width), dtype=torch.long)
     starts = [0] * len(seqs)

@@ -44,7 +44,14 @@ from rlkube.runtime.data.tokenizer import load_tokenizer
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.lora import ReferenceView, add_lora
-from rlkube.runtime.engine.models import avoid_cudnn_sdpa, build_causal_lm, compile_layers, frozen_copy, shard
+from rlkube.runtime.engine.models import (
+    COMPILED_MIN_TOKENS,
+    avoid_cudnn_sdpa,
+    build_causal_lm,
+    compile_layers,
+    frozen_copy,
+    shard,
+)
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.gpu_busy import JobBusy
@@ -152,6 +159,7 @@ class DPOTrainer(Trainer):
         # is padded to a multiple of its 128-token block, so a compiled kernel sees few shapes.
         self.row_tokens = config.data.max_seq_len if self.attention in ("sdpa", "eager") else None
         self.row_multiple = 128 if self.attention == "flex_attention" else 1
+        self.row_min = COMPILED_MIN_TOKENS if self.compiled and self.row_tokens is None else 0
 
     def export_source(self) -> tuple[torch.nn.Module, str]:
         return self.policy, ""
@@ -168,7 +176,8 @@ class DPOTrainer(Trainer):
         tok, data = self.tokenizer, data if data is not None else self.data
         if self.config.data.packing and not self.rows_per_sequence:
             return pack_pairs(data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
-                              row_tokens=self.row_tokens, pad=tok.pad_id, multiple_of=self.row_multiple)
+                              row_tokens=self.row_tokens, pad=tok.pad_id, multiple_of=self.row_multiple,
+                              min_width=self.row_min)
         return pad_pairs(data, ids, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
 
     def score_batch(self, batch: TokenBatch, counted: bool) -> tuple[torch.Tensor, dict]:

@@ -107,7 +107,7 @@ class KTOTrainer(DPOTrainer):
         if self.config.data.packing and not self.rows_per_sequence:
             batch = pack_pairs(view, local, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
                                row_tokens=self.row_tokens, pad=tok.pad_id,
-                               multiple_of=self.row_multiple)
+                               multiple_of=self.row_multiple, min_width=self.row_min)
         else:
             batch = pad_pairs(view, local, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
         labels = torch.tensor([data.labels[i] for i in ids], dtype=torch.bool)

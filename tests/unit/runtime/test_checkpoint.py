@@ -110,6 +110,39 @@ def test_background_save_returns_before_the_write_and_commits_a_snapshot(tmp_pat
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("staging", ["host", "device"])
+def test_prepared_host_buffers_are_the_ones_the_first_save_fills(tmp_path, staging):
+    """prepare() allocates the background saves' host buffers ahead of the first save (pinned on
+    CUDA, off the step loop); that save fills them (the host stager directly, a device snapshot
+    through the writer) with the state of its own step, hyperparameters too, and the checkpoint
+    restores it. (The stager caches buffers on CUDA only; the test turns that on.)"""
+    ctx = DistContext()
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx, background=True, staging=staging)
+    ck._stager.cache_staged_state_dict = True
+    model, opt = model_and_optimizer(0)
+    ck.prepare(model, opt)
+    ck._preparing.join(timeout=30)
+    prepared = ck._stager.state_dict_cache
+    assert prepared is not None and prepared["model"]["0.weight"].shape == (3, 4)
+    ck.prepare(model, opt)  # once only
+    assert ck._stager.state_dict_cache is prepared
+    model(torch.randn(5, 4)).sum().backward()  # the state moves on before the save
+    opt.step()
+    for group in opt.param_groups:
+        group["lr"] = 0.05
+    ck.save(2, model, opt, {})
+    ck.close()
+    assert ck._stager.state_dict_cache is prepared
+    assert torch.equal(prepared["model"]["0.weight"], model[0].weight.detach())
+    other, other_opt = model_and_optimizer(1)
+    Checkpointer(str(tmp_path), keep=3, ctx=ctx).restore(other, other_opt)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert other_opt.param_groups[0]["lr"] == 0.05
+    sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
+    assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
+
+
 def test_a_save_due_while_one_is_writing_waits_for_it(tmp_path):
     import threading
 
@@ -175,3 +208,14 @@ def test_a_device_snapshot_is_taken_only_when_it_fits_next_to_the_step_peak():
     assert device_snapshot_fits(18 * gib, 80 * gib, total)
     assert device_snapshot_fits(gib, limit - gib, total)
     assert not device_snapshot_fits(gib, limit - gib + 1, total)
+
+
+def test_a_device_snapshot_ignores_host_buffers_of_another_layout():
+    from rlkube.runtime.infra.staging import DeviceSnapshot, same_layout
+
+    state = {"w": torch.randn(3, 4), "opt": {"lr": 0.1}}
+    stale = {"w": torch.zeros(4, 3), "opt": {"lr": 0.1}}  # the state's shapes changed since
+    assert same_layout(state, {"w": torch.zeros(3, 4), "opt": {"lr": 0.5}}) and not same_layout(state, stale)
+    snap = DeviceSnapshot(torch.device("cpu"))
+    host = snap.to_host(*snap.take(state), host=stale)
+    assert host is not stale and torch.equal(host["w"], state["w"]) and stale["w"].eq(0).all()

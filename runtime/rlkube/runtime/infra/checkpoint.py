@@ -52,17 +52,22 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
 from rlkube.runtime.infra.progress import attempt_from_env
-from rlkube.runtime.infra.staging import DeviceSnapshot, device_snapshot_fits, state_bytes
+from rlkube.runtime.infra.staging import DeviceSnapshot, device_snapshot_fits, pinned_like, state_bytes
 
 META = "rlkube-checkpoint.json"
 FENCE = "rlkube-fence.json"
 STEP_DIR = re.compile(r"^step-(\d{9})$")
+# Files each rank writes in parallel. DCP's writer does Python work per tensor, and a background
+# writer thread gets the GIL only between the step loop's own Python: on an H200 a 1.5B model's
+# 9 GiB took 24-27 s to write next to a DPO run against 8 s alone with one thread (4 s with 8).
+WRITE_THREADS = 8
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -205,6 +210,7 @@ class Checkpointer:
         self._group = None
         self._stager = None
         self._snapshot: DeviceSnapshot | None = None
+        self._preparing: threading.Thread | None = None
         self._staging = staging
         if background:
             # Pinned buffers kept between saves on CUDA; plain copies on CPU (no pinning there).
@@ -214,6 +220,30 @@ class Checkpointer:
             if ctx.initialized:  # collective: every rank builds its Checkpointer at the same point
                 self._group = tdist.new_group(backend="gloo")
 
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Allocate the pinned host buffers of the background saves ahead of the first one, on a
+        thread of their own, off the step loop: a 1.5B model's 9 GiB took ~4-5 s of an H200 host's
+        time, which the first save used to stall for. Both stagings use them: the host stager
+        copies into them, and a device snapshot is moved into them by the writer (pinned: the copy
+        engines do it asynchronously). Call once the optimizer has state (after the first step).
+        Sharded states (DTensor) are left to the first save."""
+        stager = self._stager
+        if stager is None or not stager.cache_staged_state_dict or self._preparing is not None:
+            return
+        model_sd, optim_sd = _state_dicts(model, optimizer)
+        buffers = pinned_like({"model": model_sd, "optim": optim_sd})  # None: a leaf that is not a plain tensor
+        if buffers is None:
+            return
+
+        def allocate() -> None:
+            try:
+                stager.state_dict_cache = buffers()
+            except Exception as e:  # no pinned memory to be had: the first save allocates as before
+                emit({"event": "checkpointPrepare", "error": f"{type(e).__name__}: {e}"})
+
+        self._preparing = threading.Thread(target=allocate, name="rlkube-checkpoint-pin", daemon=True)
+        self._preparing.start()
+
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict,
              model_meta: dict | None = None) -> Path:
         """Checkpoint after `step` steps; returns once the state is safe from training (staged, or
@@ -221,6 +251,8 @@ class Checkpointer:
         what the model is) is kept in the metadata, so the checkpoint can be exported on its own."""
         t0 = time.perf_counter()
         self.wait()
+        if self._preparing is not None:  # the buffers prepare() allocates (done long since, normally)
+            self._preparing.join()
         waited = time.perf_counter() - t0
         ctx = self.ctx
         tmp_name = f".tmp-step-{step:09d}-{os.getpid()}" if ctx.is_main else ""
@@ -283,7 +315,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.before_write is not None:
             self.before_write(step)
-        dcp.save(state, checkpoint_id=str(tmp), process_group=self._group)
+        dcp.save(state, storage_writer=FileSystemWriter(str(tmp), thread_count=WRITE_THREADS),
+                 process_group=self._group)
         self._group_barrier()  # every rank's shards are on disk before anything is committed
         if self.before_commit is not None:
             self.before_commit(step)
@@ -306,7 +339,8 @@ class Checkpointer:
     def _write_in_background(self, step: int, tmp: Path, state: dict, meta: dict, snapshot: list) -> None:
         try:
             if snapshot:
-                state = self._snapshot.to_host(*snapshot.pop())  # the device copy is dropped here
+                host = self._stager.state_dict_cache  # prepare()'s pinned buffers, when there are
+                state = self._snapshot.to_host(*snapshot.pop(), host=host)  # the device copy is dropped here
             self._write(step, tmp, state, meta)
         except BaseException as e:  # handed to the training thread by wait()
             self._error = e

@@ -13,11 +13,12 @@ the training kernels run) and frees it before writing. Without that room the pin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 # Room kept free on top of the snapshot and the step's peak (allocator slack, NCCL buffers).
 HEADROOM_BYTES = 2 << 30
@@ -39,6 +40,41 @@ def state_bytes(state: Any) -> int:
 def device_snapshot_fits(snapshot_bytes: int, step_peak_bytes: int, total_bytes: int) -> bool:
     """Whether one more copy of the state fits on the card next to a training step's peak."""
     return snapshot_bytes + step_peak_bytes + HEADROOM_BYTES <= MAX_SHARE * total_bytes
+
+
+def pinned_like(state: dict) -> Callable[[], dict] | None:
+    """A function that allocates pinned host tensors shaped like `state`'s (the layout the host
+    stager fills), reading only shapes and dtypes: safe to call on another thread while training
+    runs. None when a leaf is a sharded tensor (DTensor): allocating its host copy reads it."""
+    leaves, spec = tree_flatten(state)
+    if any(isinstance(t, torch.Tensor) and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)
+           for t in leaves):
+        return None
+    pin = torch.cuda.is_available()
+    # per leaf: (shape, dtype) of a tensor, or the value itself (optimizer hyperparameters)
+    layout = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in leaves]
+    tensor_at = [isinstance(t, torch.Tensor) for t in leaves]
+
+    def allocate() -> dict:
+        out = [torch.empty(item[0], dtype=item[1], pin_memory=pin) if is_tensor else item
+               for item, is_tensor in zip(layout, tensor_at, strict=True)]
+        return tree_unflatten(out, spec)
+
+    return allocate
+
+
+def same_layout(a: dict, b: dict) -> bool:
+    """Whether two state dicts have the same structure and tensor shapes and dtypes."""
+    leaves_a, spec_a = tree_flatten(a)
+    leaves_b, spec_b = tree_flatten(b)
+    if spec_a != spec_b:
+        return False
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor) and (x.shape != y.shape or x.dtype != y.dtype):
+            return False
+    return True
 
 
 class DeviceSnapshot:
@@ -64,8 +100,11 @@ class DeviceSnapshot:
             event.record(torch.cuda.current_stream(self.device))
         return snapshot, event
 
-    def to_host(self, snapshot: dict, event: Any) -> dict:
-        host = _create_cpu_state_dict(snapshot)
+    def to_host(self, snapshot: dict, event: Any, host: dict | None = None) -> dict:
+        """The snapshot in host memory: in `host` (buffers of the same layout, reused across saves)
+        when given and still the snapshot's layout, else in newly allocated pageable memory."""
+        if host is None or not same_layout(snapshot, host):
+            host = _create_cpu_state_dict(snapshot)
         if not self.cuda:
             return _copy_state_dict(snapshot, host)
         with torch.cuda.stream(self.side):

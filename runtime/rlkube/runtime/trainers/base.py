@@ -256,6 +256,7 @@ class Trainer:
         if "firstStep" not in self.startup.marks:
             self.startup.mark("firstStep")
             rec["startupSeconds"] = self.startup.seconds()
+            self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
         return rec
 
     def train(self) -> TrainResult:

@@ -78,10 +78,19 @@ _HAZARD = 1.0 - 0.5 ** (1.0 / _MEDIAN)
 _BIAS = math.log(_HAZARD * (_VOCAB - 1) / (1.0 - _HAZARD))
 
 
+_BIASES = {}
+
+
 def _add_bias(module, inputs, output):
-    bias = torch.zeros(output.shape[-1], dtype=output.dtype, device=output.device)
-    bias[_EOS] = _BIAS
-    return output + bias
+    # Built once per dtype and device, on the first (eager) call: writing a Python scalar into a
+    # CUDA tensor is a host-to-device copy, which a CUDA graph capture refuses (the decoder then
+    # fell back to decoding without graphs, which the EOS-on figures of 2026-12-04 11:46 measured).
+    key = (output.dtype, output.device)
+    if key not in _BIASES:
+        bias = torch.zeros(output.shape[-1], dtype=output.dtype, device=output.device)
+        bias[_EOS] = _BIAS
+        _BIASES[key] = bias
+    return output + _BIASES[key]
 
 
 def _find_head(module, inputs, output):
@@ -202,17 +211,28 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             env["CUDA_VISIBLE_DEVICES"] = ""
         sampler = Sampler(gpu_sampler_gpu) if gpu_sampler_gpu is not None else None
         launched = time.time()
-        proc = subprocess.run([sys.executable, "-m", "rlkube.runtime", "run", str(cfg_path)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "rlkube.runtime", "run", str(cfg_path)], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=args.case_timeout)
+        except subprocess.TimeoutExpired as e:  # keep what it logged: the steps it did say where time went
+            proc = subprocess.CompletedProcess(e.cmd, -9, _text(e.stdout), _text(e.stderr) + "\n[bench: timed out]")
         exited = time.time()
         if sampler is not None:
             sampler.stop()
+        if args.log_dir:  # the CLI's own logs, for reading step by step what a figure hides
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.log_dir) / f"{case_name}.stdout").write_text(proc.stdout)
+            (Path(args.log_dir) / f"{case_name}.stderr").write_text(proc.stderr)
         recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0:
             return {"case": case_name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
         return summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {}}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _text(out) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
 
 
 def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: float, exited: float) -> dict:
@@ -282,6 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0",
                     help="the GPU nvidia-smi samples (the one the run uses)")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds one case's CLI may run")
+    ap.add_argument("--log-dir", default=None, help="keep each case's CLI stdout and stderr here")
     ap.add_argument("--refill", default="all",
                     help="GRPO/PPO runs, comma list of: all (rollout.decodeRows unset), on / off (--decode-rows "
                     "rows, refill on or in waves)")

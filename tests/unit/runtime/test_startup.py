@@ -20,3 +20,11 @@ def test_startup_split_counts_each_stage_from_the_previous_mark():
     import time
 
     assert 0 <= time.time() - process_start_time() < 3600  # this test process started before now
+
+
+def test_compile_cache_goes_next_to_the_checkpoints_unless_the_user_set_one():
+    from rlkube.runtime.infra.startup import COMPILE_CACHE, compile_cache_env
+
+    assert compile_cache_env("/ckpt", {}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
+    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": ""}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
+    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}

@@ -61,3 +61,32 @@ class StartupClock:
         if out:
             out["total"] = round(before - self.started, 3)
         return out
+
+
+# Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd caches, and
+# Triton's kernels under it), relative to checkpoint.dir.
+COMPILE_CACHE = ".compile-cache"
+
+
+def compile_cache_env(checkpoint_dir: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment that keeps torch.compile's caches next to the checkpoints, so a restarted
+    or resumed trainer (a new pod, a new /tmp) loads the first attempt's compiled graphs instead
+    of compiling again: a 1.5B model's first DPO step is 32-35 s on an H200, nearly all compile.
+    A cache directory the user set (TORCHINDUCTOR_CACHE_DIR) wins. Set before the first compile;
+    spawned workers inherit it."""
+    if env.get("TORCHINDUCTOR_CACHE_DIR") or not checkpoint_dir:
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(checkpoint_dir, COMPILE_CACHE)}
+
+
+def compile_cache_counts() -> dict[str, int] | None:
+    """Inductor's FX graph cache hits and misses in this process so far (None: nothing compiled).
+    Logged with the first step: hits there mean the compile came from an earlier attempt."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.utils import counters
+
+    hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    return {"hits": int(hits), "misses": int(misses)} if hits or misses else None

@@ -40,7 +40,7 @@ from rlkube.runtime.infra.export import Exporter, model_meta
 from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for, step_fields
 from rlkube.runtime.infra.log import log
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
-from rlkube.runtime.infra.startup import StartupClock
+from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import eval_due, eval_progress
 from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
@@ -256,6 +256,9 @@ class Trainer:
         if "firstStep" not in self.startup.marks:
             self.startup.mark("firstStep")
             rec["startupSeconds"] = self.startup.seconds()
+            cache = compile_cache_counts()
+            if cache is not None:
+                rec["compileCache"] = cache
             self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
         return rec
 

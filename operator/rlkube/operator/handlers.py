@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -29,7 +31,7 @@ import kopf
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION
 from rlkube.operator.cleanup import LABEL_CLEANUP
-from rlkube.operator.cluster_state import PodStore
+from rlkube.operator.cluster_state import JobStore, PodStore
 from rlkube.operator.kubeapi import ApiError, Conflict
 from rlkube.operator.metrics import Metrics
 from rlkube.operator.observed import LABEL_JOB
@@ -43,20 +45,47 @@ ERROR_RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class WorkQueue:
-    """Per-job serialised, coalescing reconcile requests on an asyncio loop."""
+    """Per-job serialised, coalescing reconcile requests on an asyncio loop.
+
+    At most `workers` reconciles run at once; when more wait, a job woken by an event (its own, a
+    pod's, a timer) goes before one the resync asked for (`background`), first come first served
+    within each, and the resync's take at most a quarter of the slots: at a thousand jobs the
+    resync asks for every one of them every few seconds, and a new job must neither queue behind
+    them for its admission nor wait on an API server busy with their reads."""
 
     def __init__(self, reconciler: Reconciler, workers: int = 16, metrics: Metrics | None = None) -> None:
         self.reconciler = reconciler
         self.metrics = metrics or reconciler.metrics
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         self._pending: dict[Key, bool] = {}     # key -> poll progress on the next run
+        self._background: set[Key] = set()      # pending keys only the resync asked for
         self._running: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._failures: dict[Key, int] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._free = workers                    # reconcile slots not taken
+        # The resync's reconciles run on at most this many slots at once: they fill idle capacity
+        # without loading the API server with reads while jobs arrive (they lag instead).
+        self.background_workers = max(1, workers // 4)
+        self._background_running = 0
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []  # heap: (background?, arrival, waiter)
+        self._waiting: dict[Key, asyncio.Future] = {}
+        self._arrivals = itertools.count()
+        self._since: dict[Key, int] = {}        # pending key -> when it was first requested
 
-    def request(self, key: Key, poll: bool = False) -> None:
-        """Reconcile `key` soon (once more after the current run, if one is running)."""
+    def request(self, key: Key, poll: bool = False, background: bool = False) -> None:
+        """Reconcile `key` soon (once more after the current run, if one is running);
+        `background`: only after the jobs woken by events."""
+        if not background:
+            self._background.discard(key)
+            waiter = self._waiting.get(key)
+            if waiter is not None and not waiter.done():  # waiting in the background: move it up
+                heapq.heappush(self._waiters, (0, next(self._arrivals), waiter))
+                self._grant()
+        elif key not in self._pending:
+            self._background.add(key)
+        if key not in self._pending:
+            self._since[key] = next(self._arrivals)
         self._pending[key] = self._pending.get(key, False) or poll
         if key not in self._running:
             self._running.add(key)
@@ -86,12 +115,51 @@ class WorkQueue:
             timer.cancel()
         self._failures.pop(key, None)
 
+    async def _slot(self, key: Key) -> bool:
+        """Wait for a reconcile slot, in the order of the class docstring; True: it is taken as a
+        background one (the resync's), which counts against `background_workers`."""
+        background = key in self._background
+        if self._free > 0 and not (background and self._background_running >= self.background_workers):
+            self._free -= 1
+            self._background_running += background
+            return background
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting[key] = waiter
+        since = self._since.pop(key, None)
+        heapq.heappush(self._waiters, (int(background), next(self._arrivals) if since is None else since, waiter))
+        try:
+            return await waiter
+        finally:
+            self._waiting.pop(key, None)
+
+    def _release(self, background: bool) -> None:
+        self._free += 1
+        self._background_running -= background
+        self._grant()
+
+    def _grant(self) -> None:
+        """Free slots to the first waiters (a moved-up waiter is in the heap twice: once is enough)."""
+        while self._free > 0 and self._waiters:
+            priority, _, waiter = self._waiters[0]
+            if waiter.done():
+                heapq.heappop(self._waiters)
+                continue
+            if priority and self._background_running >= self.background_workers:
+                return  # only background waiters are left, and their share is taken
+            heapq.heappop(self._waiters)
+            self._free -= 1
+            self._background_running += priority
+            waiter.set_result(bool(priority))
+
     async def _work(self, key: Key) -> None:
         loop = asyncio.get_running_loop()
         namespace, name = key
         try:
             while key in self._pending:
+                background = await self._slot(key)
+                self._since.pop(key, None)
                 poll = self._pending.pop(key)
+                self._background.discard(key)
                 try:
                     decision = await loop.run_in_executor(self.executor, self.reconciler.reconcile, namespace, name, poll)
                 except Conflict:
@@ -109,6 +177,8 @@ class WorkQueue:
                                    delay, exc, exc_info=not isinstance(exc, ApiError))
                     self.request_after(key, delay)
                     continue
+                finally:
+                    self._release(background)
                 self._failures.pop(key, None)
                 if decision is None:
                     self.forget(key)
@@ -118,7 +188,7 @@ class WorkQueue:
             self._running.discard(key)
             self.metrics.queue_depth.set(len(self._running))
             if key in self._pending:  # a request raced the exit of the loop above
-                self.request(key, self._pending.pop(key))
+                self.request(key, self._pending.pop(key), background=key in self._background)
 
     async def off_loop(self, call: Callable[..., object], *args: object) -> None:
         """Run a blocking API call on the worker threads; an error is logged, never raised into kopf."""
@@ -148,31 +218,33 @@ async def resync_loop(queue: WorkQueue, list_jobs: Callable[[], Iterable[Key]], 
         try:
             keys = await loop.run_in_executor(queue.executor, lambda: list(list_jobs()))
             for key in keys:
-                queue.request(key, poll=True)
+                queue.request(key, poll=True, background=True)
         except Exception as exc:
             metrics.observe_error("resync")
             logger.warning("resync: listing jobs failed: %s", exc)
         await asyncio.sleep(seconds)
 
 
-def build_registry(queue: WorkQueue, pod_events: bool = True) -> kopf.OperatorRegistry:
+def build_registry(queue: WorkQueue, pod_events: bool = True, job_events: bool = True) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (explicit, so nothing registers on import).
-    `pod_events` False: rlkube pods' events come from the inventory's pod watch instead
-    (`follow_inventory_pods`), so the operator does not watch and decode every pod twice."""
+    `pod_events`/`job_events` False: rlkube pods' and RLTrainingJobs' events come from the
+    inventory's watches instead (`follow_inventory_pods`, `follow_inventory_jobs`), so the operator
+    does not watch and decode them twice, nor pay kopf's per-event diff and deep copy."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):  # the official client's loaders: in-cluster or $KUBECONFIG
         return kopf.login_via_client(**kwargs)
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def job_event(event, name, namespace, body, **_):
-        if event.get("type") == "DELETED":
-            queue.forget((namespace, name))
-            # Its hostPath checkpoint folders go with it (cleanup.py); the job's last state says where.
-            await queue.off_loop(queue.reconciler.clean_checkpoints, dict(body))
-            return
-        queue.request((namespace, name))
+    if job_events:
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+        async def job_event(event, name, namespace, body, **_):
+            if event.get("type") == "DELETED":
+                queue.forget((namespace, name))
+                # Its hostPath checkpoint folders go with it (cleanup.py); the job's last state says where.
+                await queue.off_loop(queue.reconciler.clean_checkpoints, dict(body))
+                return
+            queue.request((namespace, name))
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_CLEANUP: kopf.PRESENT}, registry=registry)
     async def cleanup_pod_event(event, body, **_):
@@ -199,3 +271,34 @@ def follow_inventory_pods(queue: WorkQueue, pods: PodStore, namespaces: Iterable
             loop.call_soon_threadsafe(queue.request, key)
 
     pods.listener = on_pod
+
+
+def follow_inventory_jobs(queue: WorkQueue, stores: Iterable[JobStore]) -> None:
+    """Each event of the inventory's RLTrainingJob watches, and each job of their (re)lists (as
+    kopf's initial listing did at start-up), requests that job's reconcile; a deleted job's hostPath
+    checkpoints are cleaned from its last state. An event that only echoes the operator's own status
+    write (the resourceVersion that write returned) requests nothing: the reconcile that wrote it
+    decided on exactly that job, and pod changes since come with events of their own."""
+    loop = asyncio.get_running_loop()
+    reconciler = queue.reconciler
+
+    def deleted(key: Key, body: dict) -> None:
+        queue.forget(key)
+        task = loop.create_task(queue.off_loop(reconciler.clean_checkpoints, body))
+        queue._tasks.add(task)
+        task.add_done_callback(queue._tasks.discard)
+
+    def on_job(kind: str, obj: dict) -> None:
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        if kind == "DELETED":
+            loop.call_soon_threadsafe(deleted, key, obj)
+        elif not (kind == "MODIFIED" and reconciler.own_write(key, meta.get("resourceVersion"))):
+            loop.call_soon_threadsafe(queue.request, key)
+
+    for store in stores:
+        store.listener = on_job
+        with store.lock:  # listed before this was set (the operator syncs the inventory first)
+            listed = list(store.keys)
+        for key in listed:
+            queue.request(key)

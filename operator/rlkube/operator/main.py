@@ -149,13 +149,21 @@ async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconcile
     import kopf
 
     from rlkube.operator.checkpoint_sweep import sweep_loop
-    from rlkube.operator.handlers import WorkQueue, build_registry, follow_inventory_pods, resync_loop
+    from rlkube.operator.handlers import (
+        WorkQueue,
+        build_registry,
+        follow_inventory_jobs,
+        follow_inventory_pods,
+        resync_loop,
+    )
 
     queue = WorkQueue(reconciler, workers=args.workers, metrics=metrics)
-    watched = isinstance(reconciler.inventory, WatchedInventory)
-    if watched:  # the inventory watches every pod already: its events wake the jobs
-        follow_inventory_pods(queue, reconciler.inventory.pods, args.namespace)
-    registry = build_registry(queue, pod_events=not watched)
+    inventory = reconciler.inventory
+    watched = isinstance(inventory, WatchedInventory)
+    if watched:  # the inventory watches every pod and job already: its events wake the jobs
+        follow_inventory_pods(queue, inventory.pods, args.namespace)
+        follow_inventory_jobs(queue, inventory.jobs_by_ns)
+    registry = build_registry(queue, pod_events=not watched, job_events=not watched)
     settings = kopf.OperatorSettings()
     settings.watching.server_timeout = args.watch_server_timeout
     settings.watching.client_timeout = args.watch_client_timeout
@@ -165,6 +173,9 @@ async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconcile
     namespaces = list(args.namespace)
 
     def list_jobs():
+        if watched:  # the job watches hold every job: no listing
+            yield from inventory.job_keys()
+            return
         if namespaces:
             for ns in namespaces:
                 for job in api.list_jobs(ns):

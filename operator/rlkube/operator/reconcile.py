@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import datetime as dt
 import logging
-import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ from typing import Any
 
 from rlkube.operator import cleanup, kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
-from rlkube.operator.cluster_state import ListedInventory, WatchedInventory
+from rlkube.operator.cluster_state import ListedInventory, PlanningTurns, WatchedInventory
 from rlkube.operator.kubeapi import ApiError, KubeAPI, delete_configmap
 from rlkube.operator.lifecycle import Decision, Settings, decide
 from rlkube.operator.lifecycle.cluster import cluster_view_of
@@ -87,7 +86,8 @@ class Reconciler:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.progress = progress
-        self._inventory_lock = threading.Lock()
+        self._planning = PlanningTurns()  # oldest job first (cluster_state.py says why)
+        self._own_versions: dict[tuple[str, str], str] = {}  # job -> resourceVersion of our last status write
         # The operator passes a started WatchedInventory (main.py); without one, listings.
         self.inventory = inventory if inventory is not None else ListedInventory(api)
         # Shared by every reconcile's creates and gate removals: at 16 reconciles at once, a 16-thread
@@ -98,6 +98,11 @@ class Reconciler:
         # on the same lane, so its Events keep their order.
         self._event_lanes = [concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"event{i}")
                              for i in range(EVENT_LANES if background_events else 0)]
+
+    def own_write(self, key: tuple[str, str], resource_version: str | None) -> bool:
+        """Whether a watch event of job `key` at `resource_version` is the echo of this operator's
+        last status write of it (the version that write returned)."""
+        return bool(resource_version) and self._own_versions.get(key) == resource_version
 
     def reconcile(self, namespace: str, name: str, poll_progress: bool = False) -> Decision | None:
         """Reconcile once. Returns the decision (None: the job is gone or being deleted).
@@ -114,6 +119,7 @@ class Reconciler:
             if body is None:
                 action = "gone"
                 self.metrics.forget_job(namespace, name)
+                self._own_versions.pop((namespace, name), None)
                 return None
             job = JobView.from_object(body)
             if job.deleting:
@@ -147,7 +153,7 @@ class Reconciler:
             # Planning and admission read the GPU inventory one job at a time; a plan's pods
             # enter the inventory's ledger before the lock is released, so the next plan counts
             # them even while their creates are still in flight (cluster_state.Ledger).
-            with self._inventory_lock:
+            with self._planning.turn((job.created, job.name, job.namespace)):
                 decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
                 self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
 
@@ -220,7 +226,8 @@ class Reconciler:
         assert decision.status is not None
         patch = status_patch(job.status, decision.status)
         if patch:
-            self.api.patch_job_status(ns, name, job.resource_version, patch)
+            written = self.api.patch_job_status(ns, name, job.resource_version, patch)
+            self._own_versions[(ns, name)] = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
         if decision.workload is not None:
             self.api.create_workload(decision.workload)
         if decision.workload_status is not None:

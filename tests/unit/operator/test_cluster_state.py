@@ -313,3 +313,92 @@ def test_rlkube_pod_events_of_the_inventory_wake_their_job_in_watched_namespaces
         return queue.requested
 
     assert asyncio.run(main()) == [("team", "a")]
+
+
+def test_job_events_of_the_inventory_wake_their_job_but_not_the_echo_of_our_own_status_write():
+    import asyncio
+
+    from rlkube.operator.cluster_state import JobStore
+    from rlkube.operator.handlers import follow_inventory_jobs
+
+    def body(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}", "resourceVersion": version,
+                             "creationTimestamp": "2026-12-04T00:00:00Z", "generation": 1},
+                "spec": {}, "status": {}}
+
+    class Reconciler:
+        cleaned: list = []
+
+        def own_write(self, key, version):
+            return (key, version) == (("team", "a"), "7")
+
+        def clean_checkpoints(self, job):
+            self.cleaned.append(job["metadata"]["name"])
+
+    class Queue:
+        def __init__(self):
+            self.reconciler, self.requested, self.forgotten, self._tasks = Reconciler(), [], [], set()
+
+        def request(self, key):
+            self.requested.append(key)
+
+        def forget(self, key):
+            self.forgotten.append(key)
+
+        async def off_loop(self, call, *args):
+            call(*args)
+
+    async def main():
+        store, queue = JobStore(), Queue()
+        store.replace([body("old", "1")])             # listed before the operator followed the store
+        follow_inventory_jobs(queue, [store])
+        for kind, obj in (("ADDED", body("a", "5")), ("MODIFIED", body("a", "7")),  # 7: our own write
+                          ("MODIFIED", body("a", "8")), ("DELETED", body("b", "9"))):
+            thread = threading.Thread(target=store.apply, args=(kind, obj))
+            thread.start()
+            thread.join()
+        store.replace([body("a", "8")])               # a relist requests every job again
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return queue
+
+    queue = asyncio.run(main())
+    assert queue.requested == [("team", "old"), ("team", "a"), ("team", "a"), ("team", "a")]
+    assert queue.forgotten == [("team", "b")] and queue.reconciler.cleaned == ["b"]
+
+
+def test_planning_turns_go_to_the_oldest_waiting_job_one_at_a_time():
+    from rlkube.operator.cluster_state import PlanningTurns
+
+    turns, order, inside = PlanningTurns(), [], []
+    holding, release = threading.Event(), threading.Event()
+
+    def first():
+        with turns.turn(("2026-12-04T00:00:05Z", "first", "team")):
+            holding.set()
+            release.wait(5)
+            order.append("first")
+
+    def plan(created: str, name: str) -> None:
+        with turns.turn((created, name, "team")):
+            inside.append(name)
+            assert len(inside) == 1  # nobody else plans meanwhile
+            order.append(name)
+            inside.remove(name)
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    holding.wait(5)
+    waiters = [threading.Thread(target=plan, args=args) for args in (
+        ("2026-12-04T00:00:09Z", "young"), ("2026-12-04T00:00:01Z", "old"), ("2026-12-04T00:00:03Z", "middle"))]
+    for t in waiters:
+        t.start()
+    for _ in range(500):  # all three wait for their turn (a bounded wait, no sleep-for-luck)
+        with turns._cond:
+            if len(turns._queue) == 3:
+                break
+        threading.Event().wait(0.01)
+    release.set()
+    for t in (holder, *waiters):
+        t.join(5)
+    assert order == ["first", "old", "middle", "young"]

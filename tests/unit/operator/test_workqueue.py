@@ -130,3 +130,53 @@ def test_health_ready_and_metrics_endpoint():
         assert get("/healthz")[0] == 503
     finally:
         server.shutdown()
+
+
+def test_jobs_woken_by_events_go_before_the_resyncs_and_a_resync_request_moves_up_with_an_event():
+    reconciler = FakeReconciler(delay=0.05)
+
+    async def main():
+        queue = WorkQueue(reconciler, workers=1)
+        queue.request(("ns", "busy"))                  # takes the one slot
+        for name in ("r1", "r2", "r3"):
+            queue.request(("ns", name), poll=True, background=True)
+        await asyncio.sleep(0)
+        queue.request(("ns", "new"))                   # an event: before the resyncs
+        queue.request(("ns", "r3"))                    # r3's job had an event too: moves up
+        await queue.drain()
+        queue.close()
+
+    run(main())
+    assert [name for _, name, _ in reconciler.calls] == ["busy", "new", "r3", "r1", "r2"]
+    assert [poll for _, name, poll in reconciler.calls if name.startswith("r")] == [True, True, True]
+
+
+def test_the_resyncs_reconciles_take_at_most_a_quarter_of_the_slots():
+    reconciler = FakeReconciler(delay=0.05)
+    running, most = set(), {"resync": 0, "event": 0}
+    original = reconciler.reconcile
+
+    def reconcile(namespace, name, poll=False):
+        kind = "resync" if name.startswith("r") else "event"
+        with reconciler.lock:
+            running.add(name)
+            most[kind] = max(most[kind], sum(1 for n in running if (n.startswith("r")) == (kind == "resync")))
+        try:
+            return original(namespace, name, poll)
+        finally:
+            with reconciler.lock:
+                running.discard(name)
+
+    reconciler.reconcile = reconcile
+
+    async def main():
+        queue = WorkQueue(reconciler, workers=8)
+        for i in range(6):
+            queue.request(("ns", f"r{i}"), poll=True, background=True)
+        for i in range(6):
+            queue.request(("ns", f"e{i}"))
+        await queue.drain()
+        queue.close()
+
+    run(main())
+    assert most == {"resync": 2, "event": 6} and len(reconciler.calls) == 12

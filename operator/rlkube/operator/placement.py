@@ -454,13 +454,14 @@ def plan_placement(request: PlacementRequest, inventory: list[NodeInventory]) ->
     # Step 1: the whole job inside one domain, tightest level first, best fit first. A single node
     # comes before every key: it lies inside one domain of every level, whatever the labels say.
     single_nodes: dict[_Domain, tuple[str, ...]] = {("node", n): (n,) for n in topo.nodes}
+    pod_count, total_gpus = request.pod_count, request.total_gpus  # properties: once, not per domain
     for domains in [single_nodes, *topo.domain_nodes]:
         fits = []
         for members in domains.values():
             room = sum(topo.slots_free(n) for n in members)
-            if room >= request.pod_count:
+            if room >= pod_count:
                 free = sum(topo.nodes[n].gpus_free for n in members)
-                fits.append((free - request.total_gpus, members))
+                fits.append((free - total_gpus, members))
         for _, members in sorted(fits):
             if search.place_strict(0, frozenset(members)):
                 found = True

@@ -105,7 +105,8 @@ def held_back(inventory: list[NodeInventory], ahead: Sequence[WaitingJob],
             if need > capacity:
                 continue  # could not run even on an empty cluster: it must not block the queue
             taken = _freest(inventory, need)
-        inventory = [replace(n, gpus_used=n.gpus_used + taken.get(n.name, 0)) for n in inventory]
+        # Only the nodes it takes from change (a thousand-node inventory, once per job ahead).
+        inventory = [replace(n, gpus_used=n.gpus_used + taken[n.name]) if n.name in taken else n for n in inventory]
         holders.append(older.label)
     return inventory, holders
 

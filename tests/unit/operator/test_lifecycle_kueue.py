@@ -227,3 +227,20 @@ def test_an_admission_below_min_workers_plans_nothing_and_says_why():
     d = w.step(at(1))
     assert not d.create and w.status["phase"] == "Pending"
     assert "at most 1 pods are admitted, fewer than the smallest gang of 2 pods" in progressing(w)["message"]
+
+
+def test_readmission_right_after_the_release_says_what_kueue_admitted_now():
+    w = elastic_queued_world()
+    w.step(at(0))
+    w.admit(count=2)
+    w.step(at(1))
+    w.bind_all()
+    w.step(at(2))
+    w.evict()
+    w.step(at(5))                            # pods deleted
+    assert w.step(at(6)).action == "release"
+    w.admit(count=1)                         # Kueue re-admits before the job was seen queued
+    d = w.step(at(7))
+    assert pod_count(d) == 1
+    admitted = [e.message for e in w.events if e.reason == "AdmittedByKueue"]
+    assert len(admitted) == 2 and admitted[1].startswith("admitted 1 of 4 pods by Kueue")

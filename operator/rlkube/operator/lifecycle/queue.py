@@ -39,7 +39,8 @@ def admitted_or_decide(d: Decider) -> Decision | None:
                         workload=kw.render_workload(job.ref, spec, queue, d.priority))
     state = kw.observe_workload(d.workload)
     if state.admitted and not state.evicted:
-        if d.old_phase == "Pending" and _reason(d) == QUEUED:
+        # Re-admitted straight after an eviction's release, the job never showed QueuedInKueue.
+        if d.old_phase == "Pending" and _reason(d) in (QUEUED, EVICTED):
             d.event("Normal", "AdmittedByKueue", f"{state.admission_message()} (Workload {state.name}, "
                     f"ClusterQueue {state.cluster_queue})")
         return _over_admission(d, state)

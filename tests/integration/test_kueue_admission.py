@@ -123,7 +123,11 @@ def kueue_log_and_clean_up(request, env):
         env.delete_job(job["metadata"]["name"])
     workloads = f"{KUEUE_API}/namespaces/{env.namespace}/workloads"
     for workload in env.api.request("GET", workloads)["items"]:
-        env.api.request("DELETE", f"{workloads}/{workload['metadata']['name']}")
+        try:
+            env.api.request("DELETE", f"{workloads}/{workload['metadata']['name']}")
+        except ApiError as exc:
+            if exc.status != 404:  # garbage collection, following its job, may delete it first
+                raise
     wait_until("the test's Workloads deleted", lambda: not env.api.request("GET", workloads)["items"], 60)
 
 

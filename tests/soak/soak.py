@@ -64,25 +64,21 @@ def job_specs(count: int, steps: int, grpo_steps: int, tag: str) -> list[dict]:
     return jobs
 
 
-ARRIVAL_LEAD_S = 20.0  # a job applied this long before a trainer kill has a running trainer by then
-
-
 def arrival_times(plan: list[faults.Planned], count: int, duration: float) -> list[float]:
-    """When (seconds into the fault window) each of `count` later jobs is applied: one
-    ARRIVAL_LEAD_S before each planned trainer kill, the latest kills first (the first wave
-    covers the early ones), the rest evenly over the first 80% of the window. So a trainer runs
-    at every kill however fast this machine trains: on an idle one (07:02) a 400-step DPO job
-    took ~46 s, every job had finished before the last kill, and the kill found no trainer."""
-    kills = sorted((p.at for p in plan if p.kind == "kill-trainer"), reverse=True)[:count]
-    times = [max(0.0, at - ARRIVAL_LEAD_S) for at in kills]
-    rest = count - len(times)
-    times += [0.8 * duration * (i + 1) / (rest + 1) for i in range(rest)]
-    return sorted(times)
+    """When (seconds into the fault window) the later jobs that are not held back are applied:
+    evenly over the first 80% of it. One job per planned trainer kill is held back (up to
+    `count`) and applied by the kill itself when it finds no trainer running (Arrivals), so a
+    trainer runs at every kill however fast this machine trains and however late the kill comes:
+    on an idle machine (07:02, 11:50) a 200-step GRPO job trained in 13 s, and a kill delayed
+    ~110 s behind its planned time by a long kubelet stop found every job finished."""
+    held = min(count, sum(p.kind == "kill-trainer" for p in plan))
+    rest = count - held
+    return [0.8 * duration * (i + 1) / (rest + 1) for i in range(rest)]
 
 
 class Arrivals:
-    """The jobs still to be applied during the window: at their times (arrival_times), or one
-    early when a trainer kill finds no trainer running (`apply_next`, called by the driver)."""
+    """The jobs still to be applied: at their times (arrival_times), one whenever a trainer kill
+    finds no trainer running (`apply_next`, called by the driver), the rest after the faults."""
 
     def __init__(self, cluster, jobs: list[dict]) -> None:
         self.cluster, self.pending, self.lock = cluster, list(jobs), threading.Lock()
@@ -101,6 +97,11 @@ class Arrivals:
         for at in times:
             time.sleep(max(0.0, opened + at - time.monotonic()))
             self.apply_next(f"{at:.0f} s into the window")
+
+    def rest(self) -> None:
+        """The jobs no trainer kill needed, applied once the faults are done: every job runs."""
+        while self.apply_next("after the faults: not needed by a trainer kill"):
+            pass
 
 
 def _applied(cluster, job: dict) -> bool:
@@ -181,6 +182,7 @@ def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
         arrivals.start()
         driver.run(plan, opened, threading.Event())
         arrivals.join(timeout=120)
+        pending.rest()
         report["window_closed"] = time.time()
         final = checks.wait_all_ended(cluster, NAMESPACE, jobs, args.finish_timeout)
     except Exception as err:

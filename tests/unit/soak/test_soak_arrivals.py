@@ -1,19 +1,19 @@
-"""The soak's later jobs arrive so that a trainer runs at every planned trainer kill."""
+"""The soak's later jobs: one held back per planned trainer kill, the rest evenly over the window."""
 
 from __future__ import annotations
 
 from tests.soak.faults import Planned
-from tests.soak.soak import ARRIVAL_LEAD_S, arrival_times
+from tests.soak.soak import arrival_times
 
 
-def test_one_job_arrives_before_each_trainer_kill_latest_kills_first_the_rest_evenly():
+def test_one_job_is_held_back_per_trainer_kill_and_the_rest_arrive_evenly():
     plan = [Planned(50, "kill-trainer", "delete"), Planned(100, "kill-operator", "sigkill"),
-            Planned(300, "kill-trainer", "sigkill"), Planned(400, "kill-trainer", "delete")]
-    assert arrival_times(plan, 2, 420) == [300 - ARRIVAL_LEAD_S, 400 - ARRIVAL_LEAD_S]
-    assert arrival_times(plan, 4, 400) == [50 - ARRIVAL_LEAD_S, 160.0, 300 - ARRIVAL_LEAD_S, 400 - ARRIVAL_LEAD_S]
+            Planned(300, "kill-trainer", "sigkill")]
+    assert arrival_times(plan, 3, 400) == [160.0]
+    assert arrival_times(plan, 4, 300) == [80.0, 160.0]
+    assert arrival_times(plan, 1, 400) == []  # fewer jobs than kills: all held back
 
 
-def test_without_trainer_kills_the_jobs_arrive_evenly_over_most_of_the_window():
-    assert arrival_times([Planned(5, "kill-trainer", "delete")], 0, 100) == []
-    assert arrival_times([Planned(10, "kill-trainer", "delete")], 1, 100) == [0.0]
-    assert arrival_times([], 3, 400) == [80.0, 160.0, 240.0]
+def test_without_trainer_kills_every_later_job_arrives_on_time():
+    assert arrival_times([Planned(5, "kill-operator", "sigkill")], 3, 400) == [80.0, 160.0, 240.0]
+    assert arrival_times([], 0, 100) == []

@@ -19,11 +19,18 @@ import functools
 import re
 from typing import Any
 
-from rlkube.operator.pod_rules import quantity_value
+from rlkube.operator.validation.pod import quantity_value
 
 # ---------------------------------------------------------------------------------------------
 # Defaulting and structural validation
 # ---------------------------------------------------------------------------------------------
+
+
+def go_regex(pattern: str) -> str:
+    """`pattern` for Python's re as the API server's Go regexp reads it: an unescaped '$' is the
+    end of the text, where Python's also matches before a final newline (no pattern of the CRD
+    has a '$' inside a character class)."""
+    return re.sub(r"(?<!\\)\$", r"\\Z", pattern)
 
 
 def apply_defaults(value: Any, schema: dict) -> Any:
@@ -111,7 +118,7 @@ def validate(value: Any, schema: dict, path: str = "") -> list[str]:
             errors.append(f"{path}: longer than {schema['maxLength']}")
         if len(value) < schema.get("minLength", 0):
             errors.append(f"{path}: shorter than {schema['minLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not re.search(go_regex(schema["pattern"]), value):
             errors.append(f"{path}: does not match {schema['pattern']}")
     if isinstance(value, list):
         if len(value) > schema.get("maxItems", 10**9):
@@ -169,7 +176,7 @@ _TOKEN = re.compile(
 )
 # The few methods of the Kubernetes CEL libraries the CRD's rules use (strings, quantities).
 _METHODS = {
-    "matches": lambda target, pattern: re.search(pattern, target) is not None,
+    "matches": lambda target, pattern: re.search(go_regex(pattern), target) is not None,
     "startsWith": lambda target, prefix: target.startswith(prefix),
     "endsWith": lambda target, suffix: target.endswith(suffix),
     "contains": lambda target, part: part in target,

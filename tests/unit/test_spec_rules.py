@@ -1,4 +1,4 @@
-"""The rules of `rlkube.operator.spec_rules` and the path/volume rules of `pod_rules`: each Python
+"""The rules of `rlkube.operator.validation` that have both halves there: each Python
 check gives the same verdict as its CEL twin in the CRD, over grids wider than the corpus
 (tests/data/bad and good hold one manifest per case; test_corpus_verdicts runs them)."""
 
@@ -10,12 +10,13 @@ import pytest
 from crd_checker import admit, evaluate
 from rltj_builders import REWARD_FUNCTION, job, roles
 
-from rlkube.operator import api, crd, spec_rules
+from rlkube.operator import api, crd
 from rlkube.operator.inventory import NodeInventory
 from rlkube.operator.observed import JobRef
 from rlkube.operator.placement import plan_placement, request_from_spec
-from rlkube.operator.pod_rules import RESERVED_VOLUME_NAMES, path_form_cel, path_form_problem
 from rlkube.operator.render import render
+from rlkube.operator.validation import elastic
+from rlkube.operator.validation.paths import RESERVED_VOLUME_NAMES, path_form_cel, path_form_problem
 
 CRD = crd.crd_manifest()
 
@@ -30,6 +31,8 @@ def verdicts(doc: dict, path: str) -> tuple[bool, bool]:
 @pytest.mark.parametrize("path", [
     "/", "/a", "/a/b", "/dev/shm", "/dev/shm/", "/a//b", "//a", "/a/", "/a/./b", "/a/../b", "/..", "/.",
     "/a/..b", "/a/b..", "/.hidden", "/a/...", "/a/.b/c",
+    # CEL's '$' is the end of the text; Python's re also matched it before a final newline
+    "/a/..\n", "/..\n", "/a/.\n/b",
 ])
 def test_path_form_agrees_with_its_cel(path):
     problem = path_form_problem(path)
@@ -95,7 +98,7 @@ def test_elastic_dpo_has_no_split_rule():
 
 def test_the_cel_unrolls_enough_sizes_for_the_field_bounds():
     # A range of ELASTIC_SIZES_CHECKED + 1 sizes needs a mini-batch of at least lcm(1..23) rows.
-    assert spec_rules.MAX_ROWS_PER_STEP == 1_048_576 * 1024
+    assert elastic.MAX_ROWS_PER_STEP == 1_048_576 * 1024
     doc = _elastic("grpo", 232_792_560 // 4, 1, 1, 1, 22)  # lcm(1..22) rows: every size 1..22 splits them
     assert verdicts(doc, "spec.elastic") == (False, False)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlkube.operator.api_limits import (
     API_VERSION,
@@ -78,6 +78,7 @@ from rlkube.operator.status_types import (
     RoleStatus,
     Status,
 )
+from rlkube.operator.validation.metadata import annotation_problems, label_problems
 from rlkube.runtime.contract.config import ROLE_NAMES
 
 __all__ = [
@@ -123,6 +124,15 @@ class ObjectMeta(BaseModel):
         if problem:
             raise ValueError(problem)
         return name
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _keys_and_values(cls, entries: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        # The API server refuses these itself, before any schema (rlkube.operator.validation.metadata).
+        problems = (label_problems if info.field_name == "labels" else annotation_problems)(entries)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return entries
 
 
 class RLTrainingJob(BaseModel):

@@ -7,9 +7,10 @@ optional property, and nothing is left of `anyOf`/`oneOf`/`allOf`. Every string 
 type that lacks one), which is also what keeps the CEL rules within the API server's cost
 budget.
 
-The cross-field rules of the pydantic validators are repeated as CEL (`x-kubernetes-validations`,
-from `rlkube.operator.crd_rules`), so `kubectl apply` rejects what `rlkube validate` rejects, and
-the run-defining fields (algorithm, model, roles) are immutable. `crds/rlkube.io_rltrainingjobs.yaml`
+The CEL rules (`x-kubernetes-validations`) and the extra schema of declared config fields come
+from `rlkube.operator.validation`, where each rule's Python half sits beside its CEL, so
+`kubectl apply` rejects what `rlkube validate` rejects; the run-defining fields (algorithm, model,
+roles) are immutable. `crds/rlkube.io_rltrainingjobs.yaml`
 is this module's output, byte for byte (`make crds-check`).
 """
 
@@ -23,8 +24,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from rlkube.operator import api, spec_rules
-from rlkube.operator.crd_rules import FIELD_RULES, LIST_MAP_KEYS, MODEL_RULES
+from rlkube.operator import api
+from rlkube.operator.validation import FIELD_RULES, FIELD_SCHEMAS, LIST_MAP_KEYS, MODEL_RULES
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 HEADER = (
@@ -142,7 +143,7 @@ class _Converter:
                     prop = self._field_extras(model_name, key, prop)
                 props[key] = prop
             node["properties"] = props
-            rules = [*MODEL_RULES.get(model_name or "", []), *spec_rules.MODEL_RULES.get(model_name or "", [])]
+            rules = MODEL_RULES.get(model_name or "", [])
             if rules:
                 node["x-kubernetes-validations"] = copy.deepcopy(rules)
             return _ordered(node)
@@ -167,7 +168,7 @@ class _Converter:
                 default = _jsonable(info)
                 if default not in ([], {}) or "properties" in prop:
                     prop["default"] = default
-        extra_schema = spec_rules.FIELD_SCHEMAS.get((model_name, key))
+        extra_schema = FIELD_SCHEMAS.get((model_name, key))
         if extra_schema:
             # Declared properties inside a free-form object: kept, checked, and seen by CEL.
             prop = {**prop, **copy.deepcopy(extra_schema)}

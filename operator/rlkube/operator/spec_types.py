@@ -28,16 +28,12 @@ from rlkube.operator.api_limits import (
     QUANTITY_MAX_LEN,
     QUANTITY_PATTERN,
 )
-from rlkube.operator.pod_rules import (
-    NON_ROOT_AS_ROOT,
-    RESOURCE_FIELDS,
-    label_key_problem,
-    mount_path_problems,
-    path_problems,
-    request_above_limit,
-    volume_problems,
-)
-from rlkube.operator.spec_rules import spec_problems
+from rlkube.operator.validation import spec_problems
+from rlkube.operator.validation.paths import VOLUME_SOURCE, volume_problems
+from rlkube.operator.validation.pod import RESOURCES, SECURITY, TOLERATION, label_key_problem
+from rlkube.operator.validation.rule import check
+from rlkube.operator.validation.rule import problems as rule_problems
+from rlkube.operator.validation.sections import ELASTIC
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
@@ -139,10 +135,7 @@ class ElasticSpec(Spec):
 
     @model_validator(mode="after")
     def _range(self) -> ElasticSpec:
-        if self.max_workers < self.min_workers:
-            raise ValueError(
-                f"maxWorkers: must be >= minWorkers ({self.min_workers}), got {self.max_workers}"
-            )
+        check(ELASTIC, self)
         return self
 
 
@@ -221,13 +214,7 @@ class PodResources(Spec):
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> PodResources:
-        problems = [
-            problem
-            for field, wire in RESOURCE_FIELDS
-            if (problem := request_above_limit(wire, getattr(self.requests, field), getattr(self.limits, field)))
-        ]
-        if problems:
-            raise ValueError("\n".join(problems))
+        check(RESOURCES, self)
         return self
 
 
@@ -259,12 +246,7 @@ class Toleration(Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("value: must be empty when operator is Exists")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("operator: must be Exists when key is unset")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds: only applies to effect NoExecute")
+        check(TOLERATION, self)
         return self
 
 
@@ -282,8 +264,7 @@ class PodSecurity(Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> PodSecurity:
-        if self.run_as_non_root and self.run_as_user == 0:
-            raise ValueError(NON_ROOT_AS_ROOT)
+        check(SECURITY, self)
         return self
 
 
@@ -312,9 +293,7 @@ class VolumeSpec(Spec):
 
     @model_validator(mode="after")
     def _one_source(self) -> VolumeSpec:
-        if (self.claim_name is None) == (self.host_path is None):
-            raise ValueError("exactly one of claimName and hostPath must be set")
-        problems = volume_problems(self.name, self.mount_path, self.host_path)
+        problems = [*rule_problems([VOLUME_SOURCE], self), *volume_problems(self.name, self.mount_path, self.host_path)]
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -444,10 +423,6 @@ class RLTrainingJobSpec(Spec):
             if role.function is not None and role.model is not None:
                 problems.append(f"roles.{name}: set model or function, not both")
         problems.extend(algorithm_setting_problems(self))
-        problems.extend(
-            mount_path_problems(self.checkpoint.dir, self.export.dir, [v.mount_path for v in self.volumes])
-        )
-        problems.extend(path_problems(self.checkpoint.dir, self.export.dir))
         problems.extend(spec_problems(self))
         total = self.total_gpus()
         if total < 1:

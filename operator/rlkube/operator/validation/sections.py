@@ -1,0 +1,69 @@
+"""Rules within one section of the spec (a model, a role, batching, data, elastic, run policy),
+and the model types rlkube trains.
+
+The Python half of most is the section's own pydantic validator (`ModelSpec._one_source`,
+`RoleSpec._gpus_or_colocate`, `BatchingSpec._bounds`, `DataSpec._one_eval_source` in the runtime's
+contract; `ElasticSpec`, `RunPolicySpec` in `spec_types`); the CEL is here. A model given by
+`config` names a `model_type` rlkube trains (`SUPPORTED_MODEL_TYPES`): the CRD declares
+`model_type` with its enum inside the otherwise free-form config, and `model_type_problems` is the
+Python half. A model given by `path` has its config.json read in the pod (runtime/cli.py: exit 3
+naming the field).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkube.operator.validation.cel import rule
+from rlkube.operator.validation.rule import Rule, when
+from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES, model_type_problem
+
+MODEL_CEL = [rule("has(self.path) != has(self.config)", "exactly one of path and config must be set")]
+ROLE_CEL = [rule("has(self.gpus) != has(self.colocateWith)", "exactly one of gpus and colocateWith must be set")]
+BATCHING_CEL = [rule("self.maxMicroBatch >= self.minMicroBatch", "maxMicroBatch: must be >= minMicroBatch",
+                     ".maxMicroBatch")]
+DATA_CEL = [rule("!has(self.eval) || !has(self.evalFraction)", "eval: set eval or evalFraction, not both", ".eval")]
+ELASTIC = (
+    Rule("maxWorkers: must be >= minWorkers", "self.maxWorkers >= self.minWorkers",
+         lambda e: when(e.max_workers < e.min_workers, f" ({e.min_workers}), got {e.max_workers}"), ".maxWorkers"),
+)
+FAIL_ON_EXIT_CODES_CEL = [
+    rule("!self.exists(c, c == 143)", "must not contain 143: that code means stopped by SIGTERM after a checkpoint")
+]
+
+
+def immutable(field: str) -> list[dict]:
+    return [rule("self == oldSelf", f"{field} is immutable: it defines the run; create a new RLTrainingJob instead")]
+
+
+# -- model types ----------------------------------------------------------------------------------
+
+
+def spec_models(spec: Any) -> dict[str, Any]:
+    """The spec's models by field path: the actor's and each role's own."""
+    roles = {f"roles.{name}.model": role.model for name, role in spec.roles.present().items() if role.model}
+    return {"model": spec.model, **roles}
+
+
+def model_type_problems(spec: Any) -> list[str]:
+    return [
+        f"{where}.config.model_type: {problem}"
+        for where, model in spec_models(spec).items()
+        if model.config is not None and "model_type" in model.config
+        and (problem := model_type_problem(model.config["model_type"]))
+    ]
+
+
+# Declared inside the free-form model config, so the API server checks it (it cannot look at an
+# undeclared field).
+MODEL_CONFIG_SCHEMA = {
+    "required": ["model_type"],
+    "properties": {
+        "model_type": {
+            "type": "string",
+            "description": "The model family, as in config.json; one rlkube trains.",
+            "enum": list(SUPPORTED_MODEL_TYPES),
+            "maxLength": max(map(len, SUPPORTED_MODEL_TYPES)),
+        }
+    },
+}

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION, parse_spec
+from rlkube.operator.cleanup import LABEL_CLEANUP
 from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_use, snapshot_from_objects
 from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
@@ -134,6 +135,8 @@ class PodStore:
         # Called (on the watch's thread) with each rlkube pod event's (namespace, job name): the
         # operator requests that job's reconcile from here instead of watching the pods twice.
         self.listener: Callable[[Key], None] | None = None
+        # Called likewise with every checkpoint cleanup pod (cleanup.py) that is not deleted yet.
+        self.cleanup_listener: Callable[[dict], None] | None = None
 
     def replace(self, items: list[dict]) -> None:
         started = time.monotonic()
@@ -154,6 +157,9 @@ class PodStore:
                 self.use.put(use)
         if self.listener is not None and use.job:
             self.listener((use.key[0], use.job))
+        if (self.cleanup_listener is not None and kind != "DELETED"
+                and LABEL_CLEANUP in ((obj.get("metadata") or {}).get("labels") or {})):
+            self.cleanup_listener(obj)
 
 
 class NodeStore:

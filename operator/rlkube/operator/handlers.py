@@ -227,9 +227,10 @@ async def resync_loop(queue: WorkQueue, list_jobs: Callable[[], Iterable[Key]], 
 
 def build_registry(queue: WorkQueue, pod_events: bool = True, job_events: bool = True) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (explicit, so nothing registers on import).
-    `pod_events`/`job_events` False: rlkube pods' and RLTrainingJobs' events come from the
-    inventory's watches instead (`follow_inventory_pods`, `follow_inventory_jobs`), so the operator
-    does not watch and decode them twice, nor pay kopf's per-event diff and deep copy."""
+    `pod_events`/`job_events` False: the events of rlkube pods and checkpoint cleanup pods, and of
+    RLTrainingJobs, come from the inventory's watches instead (`follow_inventory_pods`,
+    `follow_inventory_jobs`), so the operator does not watch and decode them twice, nor pay kopf's
+    per-event diff and deep copy."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -246,12 +247,13 @@ def build_registry(queue: WorkQueue, pod_events: bool = True, job_events: bool =
                 return
             queue.request((namespace, name))
 
-    @kopf.on.event("", "v1", "pods", labels={LABEL_CLEANUP: kopf.PRESENT}, registry=registry)
-    async def cleanup_pod_event(event, body, **_):
-        if event.get("type") != "DELETED":
-            await queue.off_loop(queue.reconciler.remove_cleanup_pod, dict(body))
-
     if pod_events:
+        # kopf filters labels on its side: this handler alone has it watch (and diff) every pod.
+        @kopf.on.event("", "v1", "pods", labels={LABEL_CLEANUP: kopf.PRESENT}, registry=registry)
+        async def cleanup_pod_event(event, body, **_):
+            if event.get("type") != "DELETED":
+                await queue.off_loop(queue.reconciler.remove_cleanup_pod, dict(body))
+
         @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
         async def pod_event(namespace, labels, **_):
             queue.request((namespace, labels[LABEL_JOB]))
@@ -261,8 +263,9 @@ def build_registry(queue: WorkQueue, pod_events: bool = True, job_events: bool =
 
 def follow_inventory_pods(queue: WorkQueue, pods: PodStore, namespaces: Iterable[str] = ()) -> None:
     """Each event of a pod labelled rlkube.io/job in `namespaces` (empty: all) that the inventory's
-    pod watch receives requests its job's reconcile, as kopf's pod handler would (called on the
-    watch's thread: handed to the event loop)."""
+    pod watch receives requests its job's reconcile, as kopf's pod handler would, and a checkpoint
+    cleanup pod that ended is removed, as kopf's cleanup handler would (called on the watch's
+    thread: handed to the event loop)."""
     loop = asyncio.get_running_loop()
     watched = frozenset(namespaces)
 
@@ -270,7 +273,17 @@ def follow_inventory_pods(queue: WorkQueue, pods: PodStore, namespaces: Iterable
         if not watched or key[0] in watched:
             loop.call_soon_threadsafe(queue.request, key)
 
+    def remove(pod: dict) -> None:
+        task = loop.create_task(queue.off_loop(queue.reconciler.remove_cleanup_pod, pod))
+        queue._tasks.add(task)
+        task.add_done_callback(queue._tasks.discard)
+
+    def on_cleanup_pod(pod: dict) -> None:
+        if not watched or (pod.get("metadata") or {}).get("namespace") in watched:
+            loop.call_soon_threadsafe(remove, pod)
+
     pods.listener = on_pod
+    pods.cleanup_listener = on_cleanup_pod
 
 
 def follow_inventory_jobs(queue: WorkQueue, stores: Iterable[JobStore]) -> None:

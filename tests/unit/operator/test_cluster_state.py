@@ -402,3 +402,43 @@ def test_planning_turns_go_to_the_oldest_waiting_job_one_at_a_time():
     for t in (holder, *waiters):
         t.join(5)
     assert order == ["first", "old", "middle", "young"]
+
+
+def test_checkpoint_cleanup_pods_of_the_inventory_are_handed_to_the_reconciler_not_when_deleted():
+    import asyncio
+
+    from rlkube.operator.cleanup import LABEL_CLEANUP
+    from rlkube.operator.handlers import follow_inventory_pods
+
+    def cleanup_pod(name: str, namespace: str = "team") -> dict:
+        return {"metadata": {"name": name, "namespace": namespace, "labels": {LABEL_CLEANUP: "a"}},
+                "spec": {"nodeName": "n1"}, "status": {"phase": "Succeeded"}}
+
+    class Queue:
+        def __init__(self):
+            self.requested, self.removed, self._tasks = [], [], set()
+            self.reconciler = self
+
+        def request(self, key):
+            self.requested.append(key)
+
+        def remove_cleanup_pod(self, pod):
+            self.removed.append(pod["metadata"]["name"])
+
+        async def off_loop(self, call, *args):
+            call(*args)
+
+    async def main():
+        store, queue = PodStore(), Queue()
+        follow_inventory_pods(queue, store, ["team"])
+        for kind, obj in (("MODIFIED", cleanup_pod("done")), ("DELETED", cleanup_pod("gone")),
+                          ("MODIFIED", cleanup_pod("other", namespace="elsewhere"))):
+            thread = threading.Thread(target=store.apply, args=(kind, obj))
+            thread.start()
+            thread.join()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return queue
+
+    queue = asyncio.run(main())
+    assert queue.removed == ["done"] and queue.requested == []

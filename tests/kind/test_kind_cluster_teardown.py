@@ -3,8 +3,9 @@
 `RLKUBE_CLUSTER=kind` cluster up (the project's Docker engine, the locally built node image, kind
 from its Go module): three nodes Ready, the workers named, labelled and given fake GPUs as the
 harness's nodes, the host's FORWARD policy and ip_forward unchanged while it runs. Then `make
-cluster-down`, as a user runs it: no dockerd or containerd of the engine, no kind container, no
-network interface, mount or iptables rule left, the firewall as recorded, the kind state gone.
+cluster-down` as a kind user runs it (RLKUBE_CLUSTER=kind, so a harness cluster is left alone): no
+dockerd or containerd of the engine, no kind container, no network interface, mount or iptables
+rule left, the firewall as recorded, the kind state gone.
 
 Needs root and the cluster lock (`make kind-teardown-test`). About 2 minutes with the node image
 built (the first run builds it: see docs/cluster.md).
@@ -62,8 +63,11 @@ def test_kind_cluster_up_then_cluster_down_leaves_host_as_found(monkeypatch):
         assert docker_engine.forward_policy(now) == docker_engine.forward_policy(before)
         assert now["ip_forward"] == before["ip_forward"]
     finally:
+        # With RLKUBE_CLUSTER=kind (set above), as a kind user runs it: cluster-down then stops only
+        # the kind cluster and the engine. Unset, it would also stop a harness cluster that another
+        # engineer's session keeps up on this machine.
         down = subprocess.run(["make", "-s", "cluster-down"], cwd=REPO, capture_output=True, text=True,
-                              env={k: v for k, v in os.environ.items() if k != "RLKUBE_CLUSTER"}, timeout=300)  # fmt: skip
+                              timeout=300)  # fmt: skip
     assert down.returncode == 0, down.stdout + down.stderr
     assert "host firewall as found" in down.stdout, down.stdout
     assert docker_engine.compare(before, docker_engine.firewall()) == []

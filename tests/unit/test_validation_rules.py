@@ -87,3 +87,23 @@ def test_metadata_as_the_api_server_checks_it(labels, annotations, refused):
            "metadata": {"name": "tiny", "labels": labels, "annotations": annotations}}
     errors = [error.path for error in api.job_errors(doc) if error.path.startswith("metadata")]
     assert errors == refused
+
+
+def test_every_integer_field_of_the_spec_refuses_an_integral_float():
+    # The API server's schema check takes 2.0 for an integer; only a CEL rule reading the field
+    # refuses it there, as pydantic (strict) does (tests/data/bad/*-integral-float.yaml).
+    from rlkube.operator import crd
+    from rlkube.operator.validation.sections import INTEGER_CEL
+
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if node.get("type") == "integer":
+                assert node.get("x-kubernetes-validations") == INTEGER_CEL, path
+                found.append(path)
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+
+    walk(crd.spec_schema(), "spec")
+    assert len(found) > 30

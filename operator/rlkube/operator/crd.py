@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from rlkube.operator import api
-from rlkube.operator.validation import FIELD_RULES, FIELD_SCHEMAS, LIST_MAP_KEYS, MODEL_RULES
+from rlkube.operator.validation import FIELD_RULES, FIELD_SCHEMAS, LIST_MAP_KEYS, MODEL_RULES, TYPE_RULES
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 HEADER = (
@@ -68,7 +68,8 @@ _KEY_ORDER = (
 class _Converter:
     """Walks one pydantic JSON schema (with $defs) and emits the structural form."""
 
-    def __init__(self, root_model: type[BaseModel]):
+    def __init__(self, root_model: type[BaseModel], type_rules: dict[str, list[dict]] | None = None):
+        self.type_rules = type_rules or {}
         self.schema = root_model.model_json_schema(by_alias=True, mode="validation")
         self.defs = self.schema.get("$defs", {})
         self.models = _models_by_name(root_model)
@@ -126,6 +127,8 @@ class _Converter:
                     raise SchemaError(f"{where}: a string needs max_length (maxLength)")
             return _ordered(node)
         if kind in ("integer", "number", "boolean"):
+            if kind in self.type_rules:
+                node["x-kubernetes-validations"] = copy.deepcopy(self.type_rules[kind])
             return _ordered(node)
         raise SchemaError(f"{where}: unsupported schema {sorted(node)}")
 
@@ -230,7 +233,7 @@ def _jsonable(info: FieldInfo) -> Any:
 
 def spec_schema() -> dict:
     """Structural schema of .spec."""
-    return _Converter(api.RLTrainingJobSpec).convert_root("RLTrainingJobSpec")
+    return _Converter(api.RLTrainingJobSpec, TYPE_RULES).convert_root("RLTrainingJobSpec")
 
 
 def status_schema() -> dict:

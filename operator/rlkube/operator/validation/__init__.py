@@ -78,6 +78,9 @@ FIELD_RULES: dict[tuple[str, str], list[dict]] = {
 # Schema added to a property as the generator writes it (declared fields of a free-form object).
 FIELD_SCHEMAS: dict[tuple[str, str], dict] = {("ModelSpec", "config"): sections.MODEL_CONFIG_SCHEMA}
 
+# CEL rules on every property of a JSON type in the spec.
+TYPE_RULES: dict[str, list[dict]] = {"integer": sections.INTEGER_CEL}
+
 # Volumes are keyed by name (unique names, merge-friendly).
 LIST_MAP_KEYS: dict[tuple[str, str], list[str]] = {("RLTrainingJobSpec", "volumes"): ["name"]}
 

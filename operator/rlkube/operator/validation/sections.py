@@ -32,6 +32,13 @@ FAIL_ON_EXIT_CODES_CEL = [
 ]
 
 
+# On every integer field of the spec. The API server's schema check takes a float with no
+# fractional part (2.0) for an integer, but its CEL then fails on it ("expected int, got float64")
+# wherever a rule reads the field, and pydantic (strict) refuses it everywhere; reading the value
+# in a rule on the field itself refuses it everywhere too, naming the field.
+INTEGER_CEL = [rule("self == self", "must be an integer (not a float such as 2.0)")]
+
+
 def immutable(field: str) -> list[dict]:
     return [rule("self == oldSelf", f"{field} is immutable: it defines the run; create a new RLTrainingJob instead")]
 

@@ -192,13 +192,19 @@ def test_partly_admitted_elastic_job_runs_at_the_admitted_count_and_never_grows_
     assert "ElasticGrow" not in w.reasons()
 
 
-def test_the_cap_follows_kueues_admission_up_and_down():
+def running_with_two_of_four_admitted():
+    """The elastic job (1-4 pods) admitted 2 of 4 by Kueue, its gang bound and running at t=2."""
     w = elastic_queued_world()
     w.step(at(0))
     w.admit(count=2)
     w.step(at(1))
     w.bind_all()
     w.step(at(2))
+    return w
+
+
+def test_the_cap_follows_kueues_admission_up_and_down():
+    w = running_with_two_of_four_admitted()
     w.admit(count=3)                         # the admission grows: grow to it, not to the 4 that fit
     d = w.step(at(5))
     assert d.action == "replan" and len(d.delete) == 2 and w.status["restarts"] == 0
@@ -230,12 +236,7 @@ def test_an_admission_below_min_workers_plans_nothing_and_says_why():
 
 
 def test_readmission_right_after_the_release_says_what_kueue_admitted_now():
-    w = elastic_queued_world()
-    w.step(at(0))
-    w.admit(count=2)
-    w.step(at(1))
-    w.bind_all()
-    w.step(at(2))
+    w = running_with_two_of_four_admitted()
     w.evict()
     w.step(at(5))                            # pods deleted
     assert w.step(at(6)).action == "release"

@@ -14,6 +14,7 @@ share counts the interpreter's own start; elsewhere it counts from this module's
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 _IMPORTED_AT = time.time()
@@ -82,8 +83,6 @@ def compile_cache_env(checkpoint_dir: str, env: dict[str, str]) -> dict[str, str
 def compile_cache_counts() -> dict[str, int] | None:
     """Inductor's FX graph cache hits and misses in this process so far (None: nothing compiled).
     Logged with the first step: hits there mean the compile came from an earlier attempt."""
-    import sys
-
     if "torch._dynamo" not in sys.modules:
         return None
     from torch._dynamo.utils import counters

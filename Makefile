@@ -6,7 +6,10 @@ SHELL := /bin/bash
 PYTHON_SYS ?= python3
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
-CACHE      ?= $(HOME)/.cache/rlkube
+# Every cache of the project is under RLKUBE_CACHE (default ~/.cache/rlkube): binaries, wheels, images,
+# buildah storage, the Docker engine's data root. Point it at an empty folder for a cold start.
+RLKUBE_CACHE ?= $(HOME)/.cache/rlkube
+CACHE      ?= $(RLKUBE_CACHE)
 WHEELS     := $(CACHE)/wheels
 # torch from PyPI is a multi-GB CUDA build (it runs on CPU too); it is downloaded once into
 # $(WHEELS) and installed from there on every later setup.

@@ -10,9 +10,9 @@ What goes in:
 - rlkube's own wheel, built from this checkout;
 - its dependencies for the image's extra (`operator` or `runtime`), at exactly the versions
   installed in the Python running this script (the project's tested .venv), so an image never
-  runs a version the tests did not. They come from the wheel cache (~/.cache/rlkube/wheels,
-  RLKUBE_WHEELS to override); what is missing there is downloaded into it once, from the
-  package index pip is configured with.
+  runs a version the tests did not. They come from the wheel cache ($RLKUBE_CACHE/wheels,
+  default ~/.cache/rlkube/wheels; RLKUBE_WHEELS to override); what is missing there is
+  downloaded into it once, from the package index pip is configured with.
 
 It also writes `dependencies.txt` (name==version of every third-party wheel) next to the wheels.
 The Dockerfiles COPY that file before installing the dependencies in a layer of their own, so
@@ -50,7 +50,8 @@ SOURCES = ("pyproject.toml", "README.md", "operator", "runtime")
 
 
 def wheel_cache() -> Path:
-    return Path(os.environ.get("RLKUBE_WHEELS", Path.home() / ".cache" / "rlkube" / "wheels"))
+    cache = Path(os.environ.get("RLKUBE_CACHE", Path.home() / ".cache" / "rlkube"))
+    return Path(os.environ.get("RLKUBE_WHEELS", cache / "wheels"))
 
 
 def _pip(*args: str, quiet: bool = True) -> subprocess.CompletedProcess:

@@ -2,9 +2,9 @@
 
 Kubernetes, etcd, helm, kwok, Kueue and promtool are built from wrapper Go modules under `tests/cluster/go/`
 by `build-bins.sh` into `~/.cache/rlkube/bin/<component>-<version>/` (override the root with
-RLKUBE_BIN_CACHE). The version of a component is the one its wrapper module requires, so
-bumping a pin in a go.mod is the whole upgrade. etcd is v3.6 built from
-go.etcd.io/etcd/server/v3. Debian's `etcd-server` (3.4.23) can be chosen with RLKUBE_ETCD=system,
+RLKUBE_BIN_CACHE, or the project's whole cache with RLKUBE_CACHE). The version of a component is
+the one its wrapper module requires, so bumping a pin in a go.mod is the whole upgrade. etcd is
+v3.6 built from go.etcd.io/etcd/server/v3. Debian's `etcd-server` (3.4.23) can be chosen with RLKUBE_ETCD=system,
 but the 1.34 apiserver's watch cache falls behind it ("Too large resource version" on lists,
 seen here): requests stalled for 30 s while the e2e tests ran, and the operator lost its lease.
 """
@@ -42,7 +42,8 @@ class MissingBinary(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("RLKUBE_BIN_CACHE", Path.home() / ".cache" / "rlkube" / "bin"))
+    cache = Path(os.environ.get("RLKUBE_CACHE", Path.home() / ".cache" / "rlkube"))
+    return Path(os.environ.get("RLKUBE_BIN_CACHE", cache / "bin"))
 
 
 def version(component: str) -> str:

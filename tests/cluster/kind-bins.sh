@@ -10,7 +10,7 @@
 # Usage: kind-bins.sh [kind|kindnode|runc-caps|coredns ...]   (default: all)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CACHE="${RLKUBE_BIN_CACHE:-$HOME/.cache/rlkube/bin}"
+CACHE="${RLKUBE_BIN_CACHE:-${RLKUBE_CACHE:-$HOME/.cache/rlkube}/bin}"
 export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED="${CGO_ENABLED:-0}"
 version_of() { awk -v m="$2" '$1==m || ($1=="require" && $2==m) {print ($1=="require")?$3:$2; exit}' "$HERE/go/$1/go.mod"; }
 

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.verb not in ("run", "train"):
         _parser().print_help(sys.stderr)
         return 2
+    from rlkube.runtime.infra.sigterm import stop_while_starting
+
+    stop_while_starting()  # PID 1 in a pod ignores SIGTERM without a handler (infra/sigterm.py)
     if not ns.config:
         print(f"config error: no config path (argument or {ENV_CONFIG})", file=sys.stderr)
         return EXIT_CONFIG

@@ -39,6 +39,7 @@ from rlkube.runtime.infra.progress import (
     adopt_early_server,
     write_termination_message,
 )
+from rlkube.runtime.infra.sigterm import training_started
 
 
 class SigtermFlag:
@@ -106,6 +107,7 @@ def run_steps(
     server = serve_progress(cfg, ctx, progress)
     sigterm = SigtermFlag()
     sigterm.install()
+    training_started()  # SIGTERM now stops at a step boundary, after a checkpoint
     tighten_timeout(ctx)
     if ctx.is_main:
         emit(start_event)

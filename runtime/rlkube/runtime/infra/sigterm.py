@@ -1,0 +1,47 @@
+"""SIGTERM while a trainer starts: exit at once, 143 (EXIT_TERMINATED).
+
+In a pod the trainer is PID 1 of its container, and the kernel delivers to PID 1 no signal it has
+no handler for: until the step loop installs its own SIGTERM handler (trainers/loop.py,
+SigtermFlag), a pod deleted while its trainer imported torch, met its gang, loaded the model or
+resumed went unheard. The trainer then trained on as if nothing had happened, for up to the pod's
+terminationGracePeriodSeconds (120 s) before the kubelet's SIGKILL, committing checkpoints for an
+attempt the operator had already ended; the chaos soak saw a GRPO pod deleted a second before its
+first step train all 200 steps and export (2026-12-04 14:50).
+
+So `run` installs `stop_while_starting` first thing, and the loop calls `training_started` once its
+own handler is in place. Stopping during start-up loses nothing: the attempt has trained no step,
+and what it resumes from is already committed. After the loop has ended (its last save, the export)
+a SIGTERM gets the default action again, as before: ignored in PID 1, the end elsewhere. Kept free
+of torch, so the handler is in place before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from rlkube.runtime.contract.pod import EXIT_TERMINATED
+
+_starting = False
+
+
+def _handle(signum, frame) -> None:
+    if _starting:
+        print("rlkube: stopped by SIGTERM while starting (no step trained in this attempt)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_TERMINATED)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # past start-up: what the process did before
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def stop_while_starting() -> None:
+    """From now until `training_started`, SIGTERM exits with EXIT_TERMINATED (main thread only)."""
+    global _starting
+    _starting = True
+    signal.signal(signal.SIGTERM, _handle)
+
+
+def training_started() -> None:
+    """The step loop's handler is installed: start-up is over."""
+    global _starting
+    _starting = False

@@ -1,13 +1,17 @@
 """The chaos soak's faults: a seeded schedule, the four ways it breaks the cluster, and the
 restore that always runs afterwards.
 
+Every fault strikes while a job trains (rank 0 logged a step in the last 20 s, short of its last
+step): the driver waits for one, applying a job still to come when none trains, and records what
+trained at the moment of each fault for the landing check (verdict.landing).
+
 Kinds (each a real act on the harness's processes, nothing mocked):
-- `kill-trainer`: a random running trainer pod of the soak, either its container SIGKILLed through
+- `kill-trainer`: a random training pod of the soak, mid-run, either its container SIGKILLed through
   its node's containerd (a crash: no checkpoint on the way out) or the pod deleted (SIGTERM: the
   trainer checkpoints, then exits); the operator restarts the gang.
 - `kill-operator`: the operator's container SIGKILLed through containerd (the kubelet restarts
   it), or its pod force-deleted (the Deployment makes another; the Lease keeps one leader).
-- `stop-kubelet`: a node's kubelet SIGSTOPped for a short while (under the node controller's
+- `stop-kubelet`: the kubelet of a node where a job trains SIGSTOPped for a short while (under the node controller's
   50 s grace: nothing should happen) or a long one (past it and the operator's 5 s: the node is
   lost and its jobs re-planned), then SIGCONTed.
 - `restart-apiserver`: kube-apiserver stopped (SIGTERM), left down a few seconds, started again
@@ -32,13 +36,14 @@ from dataclasses import dataclass, field
 from tests.cluster import controlplane, procs
 from tests.cluster import nodes as cluster_nodes
 from tests.e2e import deploy
-from tests.soak.verdict import Fault
+from tests.soak.verdict import Fault, Training
 
 KINDS = ("kill-trainer", "kill-operator", "stop-kubelet", "restart-apiserver")
 SHORT_STOP = (15.0, 30.0)  # s: below the node controller's 50 s grace
 LONG_STOP = (75.0, 95.0)  # s: past it (plus the operator's 5 s): the node is lost
 APISERVER_DOWN = (3.0, 15.0)
-TRAINER_WAIT_S = 60.0  # how long kill-trainer waits for a running trainer before it is skipped
+EVERY_MARGIN = 5  # a trainer is killed at least this many steps before its job's end (soak.EVERY)
+TRAINING_WAIT_S = 180.0  # how long a fault waits for a job to train (a fed job must start first)
 
 
 @dataclass(frozen=True)
@@ -115,23 +120,53 @@ class Driver:
         self.faults: list[Fault] = []
         self.skipped: list[str] = []
         self.recoveries: dict[str, list[float]] = {}
-        # Called when a trainer kill finds no trainer running: applies a job still to come (soak.py).
-        self.no_trainer: Callable[[], bool] = lambda: False
+        # The pods training now (soak.py: from the pod watch and rank 0's logs), and what applies
+        # a job still to come when a fault finds none (soak.Arrivals.apply_next).
+        self.training: Callable[[], list[Training]] = list
+        self.feed: Callable[[], bool] = lambda: False
 
     def run(self, plan: list[Planned], opened: float, stop: threading.Event) -> None:
         for item in plan:
             if stop.wait(max(0.0, opened + item.at - time.monotonic())):
                 return
             try:
+                if not self._await_training(item, stop):
+                    continue
                 getattr(self, item.kind.replace("-", "_"))(item)
             except subprocess.CalledProcessError as err:
                 # Seen: a trainer's container exited between the listing and `ctr tasks kill`. The
-                # soak goes on; the fault counts as not landed (the check on trainer kills fails).
+                # soak goes on; the fault counts as not landed (the landing check fails).
                 self.skipped.append(f"{time.strftime('%H:%M:%S')} {item.kind}: {err}"[:300])
                 deploy.log(f"fault {item.kind} did not land: {err}")
 
-    def _done(self, kind: str, start: float, target: str, detail: str, recovered: float | None = None) -> None:
-        self.faults.append(Fault(kind, start, time.time(), target, detail))
+    def _await_training(self, item: Planned, stop: threading.Event) -> bool:
+        """Wait (bounded) until a job trains, for a trainer kill one short of its last checkpoint
+        interval. When none does (every job applied so far has finished, or is between
+        attempts), a job still to come is applied, once per wait, and the fault waits for it to
+        train: the fault's clock stops meanwhile, and later faults follow at their times or at
+        once when overdue. A fault that finds nothing to strike is skipped, and the landing check
+        fails the soak."""
+        deadline, fed = time.monotonic() + TRAINING_WAIT_S, False
+        while time.monotonic() < deadline and not stop.is_set():
+            if self._targets(item, self.training()):
+                return True
+            if not fed and not self.training():
+                fed = self.feed()
+            stop.wait(1.0)
+        self.skipped.append(f"{time.strftime('%H:%M:%S')} {item.kind}: no job training within {TRAINING_WAIT_S:.0f} s")
+        deploy.log(f"fault {item.kind} skipped: no job training")
+        return False
+
+    @staticmethod
+    def _targets(item: Planned, training: list[Training]) -> list[Training]:
+        if item.kind == "kill-trainer":  # mid-run: a checkpoint interval or more before its end
+            return [t for t in training if t.step + EVERY_MARGIN <= t.total]
+        return training
+
+    def _done(self, kind: str, start: float, target: str, detail: str, recovered: float | None = None,
+              training: list[Training] | None = None) -> None:
+        seen = tuple(t.describe() for t in (training or []))
+        self.faults.append(Fault(kind, start, time.time(), target, detail, seen))
         if recovered is not None:
             self.recoveries.setdefault(kind, []).append(round(recovered, 1))
         deploy.log(f"fault {kind}: {target} {detail}" + (f" (recovered in {recovered:.1f} s)" if recovered else ""))
@@ -139,37 +174,37 @@ class Driver:
     # -- the four kinds ----------------------------------------------------------------------------
 
     def kill_trainer(self, item: Planned) -> None:
-        # Wait (bounded) for a trainer to run: a gang may be between attempts right now.
-        running: list[dict] = []
-        deadline = time.monotonic() + TRAINER_WAIT_S
-        early = False
-        while not running and time.monotonic() < deadline:
-            running = [p for p in self._trainer_pods() if _running_container(p)]
-            if not running:
-                early = early or self.no_trainer()
-                time.sleep(2)
-        if not running:
-            self.skipped.append(f"{time.strftime('%H:%M:%S')} kill-trainer: no running trainer pod")
-            deploy.log("fault kill-trainer skipped: no running trainer pod")
-            return
-        pod = self.rng.choice(sorted(running, key=lambda p: p["metadata"]["name"]))
-        name, start = pod["metadata"]["name"], time.time()
-        if item.variant == "sigkill":
+        """A training pod (chosen by the seed) killed mid-run. Its container ID comes from a fresh
+        listing; a container that exited in between (seen) makes the driver choose again, once."""
+        for last_try in (False, True):
+            training = self.training()
+            targets = self._targets(item, training)
+            if not targets:
+                raise subprocess.CalledProcessError(1, "kill-trainer: no pod training any more")
+            chosen = self.rng.choice(targets)
+            pod = next((p for p in self._trainer_pods() if p["metadata"]["name"] == chosen.pod), None)
+            container = _running_container(pod) if pod else ""
+            if not container:
+                if last_try:
+                    raise subprocess.CalledProcessError(1, f"kill-trainer: {chosen.pod} has no running container")
+                continue
+            start = time.time()
             try:
-                self._ctr_kill(pod, _running_container(pod))
+                if item.variant == "sigkill":
+                    self._ctr_kill(pod, container)
+                else:
+                    self.cluster.kubectl("delete", "pod", "-n", self.namespace, chosen.pod, "--wait=false")
             except subprocess.CalledProcessError:
-                running = [p for p in self._trainer_pods() if _running_container(p)]
-                if not running:
+                if last_try:
                     raise
-                pod = self.rng.choice(sorted(running, key=lambda p: p["metadata"]["name"]))  # once more
-                name, start = pod["metadata"]["name"], time.time()
-                self._ctr_kill(pod, _running_container(pod))
-        else:
-            self.cluster.kubectl("delete", "pod", "-n", self.namespace, name, "--wait=false")
-        self._done(item.kind, start, f"{self.namespace}/{name}", f"{item.variant} on {pod['spec']['nodeName']}")
+                continue
+            self._done(item.kind, start, f"{self.namespace}/{chosen.pod}", f"{item.variant} on {chosen.node}",
+                       training=training)
+            return
 
     def kill_operator(self, item: Planned) -> None:
         pod = deploy.wait_operator_ready(self.cluster)
+        training = self.training()
         name, start, t0 = pod["metadata"]["name"], time.time(), time.monotonic()
         if item.variant == "sigkill":
             pod = self._kill_operator_container(pod)
@@ -184,11 +219,14 @@ class Driver:
             return (ready["metadata"]["uid"], _restarts(ready)) != before
 
         deploy.wait_until("the operator replaced and Ready", replaced, 300, interval=0.5)
-        self._done(item.kind, start, name, item.variant, time.monotonic() - t0)
+        self._done(item.kind, start, name, item.variant, time.monotonic() - t0, training)
 
     def stop_kubelet(self, item: Planned) -> None:
-        busy = {p["spec"].get("nodeName") for p in self._trainer_pods() if _running_container(p)}
-        candidates = [n for n in self.cluster.nodes if n.name in busy] or list(self.cluster.nodes)
+        training = self.training()
+        busy = {t.node for t in training}
+        candidates = [n for n in self.cluster.nodes if n.name in busy]
+        if not candidates:
+            raise subprocess.CalledProcessError(1, "stop-kubelet: no node runs a training pod any more")
         node = self.rng.choice(candidates)
         start = time.time()
         self.kubelets.stop(node)
@@ -199,9 +237,11 @@ class Driver:
             self.kubelets.resume(node)
         t0 = time.monotonic()
         deploy.wait_until(f"node {node.name} Ready again", lambda: node_ready(self.cluster, node.name), 180)
-        self._done(item.kind, start, node.name, f"{item.variant}, stopped {item.seconds:.0f} s", time.monotonic() - t0)
+        self._done(item.kind, start, node.name, f"{item.variant}, stopped {item.seconds:.0f} s", time.monotonic() - t0,
+                   training)
 
     def restart_apiserver(self, item: Planned) -> None:
+        training = self.training()
         layout, start = self.cluster.layout, time.time()
         procs.stop(layout.state, controlplane.APISERVER)
         time.sleep(item.seconds)
@@ -209,7 +249,7 @@ class Driver:
         controlplane.start_apiserver(layout)
         client = controlplane.admin_client(layout, timeout=5)
         deploy.wait_until("kube-apiserver /readyz", lambda: client.healthy("/readyz"), 180, interval=0.5)
-        self._done(item.kind, start, "kube-apiserver", f"down {item.seconds:.0f} s", time.monotonic() - t0)
+        self._done(item.kind, start, "kube-apiserver", f"down {item.seconds:.0f} s", time.monotonic() - t0, training)
 
     # -- helpers -------------------------------------------------------------------------------------
 

@@ -8,11 +8,14 @@
    on two pods, checkpointing every EVERY steps to their hostPath;
 3. once one of them trains, opens a fault window of `--duration` seconds in which `--faults`
    faults (faults.py: trainer killed, operator killed, kubelet stopped and resumed, API server
-   restarted) happen at seeded random times, each logged with its time;
+   restarted) happen at seeded random times, each while a job trains (a fault that finds none
+   applies a job still to come and waits for it), each logged with its time and what trained;
 4. waits (bounded) for every job to end, restores the cluster whatever happened (kubelets
    resumed, API server running, nodes and operator Ready), then checks:
    - every job Succeeded at its last step;
    - no duplicate pod, in the API or among the host's processes (the rules: verdict.py);
+   - every fault struck a training job (a trainer kill a training pod, a kubelet stop a node
+     where one trained), and every planned kind happened;
    - every restart lost at most EVERY steps (rank 0's logs of both attempts), and the newest
      checkpoint on disk is the final attempt's (a stale trainer never committed over it);
    - after each job is deleted: no pod, ConfigMap, Service or cleanup pod of it left, and no
@@ -64,21 +67,21 @@ def job_specs(count: int, steps: int, grpo_steps: int, tag: str) -> list[dict]:
     return jobs
 
 
-def arrival_times(plan: list[faults.Planned], count: int, duration: float) -> list[float]:
-    """When (seconds into the fault window) the later jobs that are not held back are applied:
-    evenly over the first 80% of it. One job per planned trainer kill is held back (up to
-    `count`) and applied by the kill itself when it finds no trainer running (Arrivals), so a
-    trainer runs at every kill however fast this machine trains and however late the kill comes:
-    on an idle machine (07:02, 11:50) a 200-step GRPO job trained in 13 s, and a kill delayed
-    ~110 s behind its planned time by a long kubelet stop found every job finished."""
-    held = min(count, sum(p.kind == "kill-trainer" for p in plan))
-    rest = count - held
-    return [0.8 * duration * (i + 1) / (rest + 1) for i in range(rest)]
+def arrival_times(count: int, duration: float) -> list[float]:
+    """When (seconds into the fault window) the later jobs that are not held back are applied: a
+    third of them, evenly over the first 80% of it. The others are held back: a fault that finds
+    no job training applies one and waits for it to train (faults.Driver._await_training), so
+    every fault strikes a training job however fast this machine trains and however late a
+    fault comes behind a long kubelet stop (on an idle machine a 200-step GRPO job trained in
+    13 s; at 14:46 and 14:48 an operator kill, an API-server restart and a kubelet stop struck
+    an idle cluster). Those no fault needed are applied after the faults."""
+    timed = count // 3
+    return [0.8 * duration * (i + 1) / (timed + 1) for i in range(timed)]
 
 
 class Arrivals:
-    """The jobs still to be applied: at their times (arrival_times), one whenever a trainer kill
-    finds no trainer running (`apply_next`, called by the driver), the rest after the faults."""
+    """The jobs still to be applied: at their times (arrival_times), one whenever a fault finds no
+    job training (`apply_next`, called by the driver), the rest after the faults."""
 
     def __init__(self, cluster, jobs: list[dict]) -> None:
         self.cluster, self.pending, self.lock = cluster, list(jobs), threading.Lock()
@@ -96,7 +99,8 @@ class Arrivals:
     def run(self, opened: float, times: list[float]) -> None:
         for at in times:
             time.sleep(max(0.0, opened + at - time.monotonic()))
-            self.apply_next(f"{at:.0f} s into the window")
+            if not self.apply_next(f"{at:.0f} s into the window"):
+                return
 
     def rest(self) -> None:
         """The jobs no trainer kill needed, applied once the faults are done: every job runs."""
@@ -118,8 +122,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=6, help="how many jobs (default 6)")
     parser.add_argument("--faults", type=int, default=8, help="how many faults (default 8)")
     parser.add_argument("--duration", type=float, default=420, help="the fault window, seconds (default 420)")
-    parser.add_argument("--steps", type=int, default=400, help="steps of each DPO job (default 400)")
-    parser.add_argument("--grpo-steps", type=int, default=200, help="steps of each GRPO job (default 200)")
+    parser.add_argument("--steps", type=int, default=600, help="steps of each DPO job (default 600)")
+    parser.add_argument("--grpo-steps", type=int, default=400, help="steps of each GRPO job (default 400)")
     parser.add_argument("--finish-timeout", type=float, default=480,
                         help="seconds the jobs may take after the fault window (default 480)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default /tmp/rlkube-soak/<time>)")
@@ -174,10 +178,18 @@ def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
         opened = time.monotonic()
         report["window_opened"] = time.time()
         deploy.log(f"soak: a job trains; the fault window opens ({args.duration:.0f} s)")
-        times = arrival_times(plan, len(later), args.duration)
+        times = arrival_times(len(later), args.duration)
         report["arrivals"] = times
         pending = Arrivals(cluster, later)
-        driver.no_trainer = lambda: pending.apply_next("early: a trainer kill found no trainer")
+        totals = {j["metadata"]["name"]: j["spec"]["training"]["steps"] for j in jobs}
+
+        def training() -> list[verdict.Training]:
+            with watch.lock:
+                live = dict(watch.census.live)
+            return verdict.training_pods(list(sampler.attempts.values()), live, totals, time.time())
+
+        driver.training = training
+        driver.feed = lambda: pending.apply_next("early: a fault found no job training")
         arrivals = threading.Thread(target=pending.run, args=(opened, times), daemon=True)
         arrivals.start()
         driver.run(plan, opened, threading.Event())
@@ -206,7 +218,8 @@ def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
                            "first": a.steps[0] if a.steps else None, "last": a.steps[-1] if a.steps else None}
                           for a in sorted(sampler.attempts.values(), key=lambda a: (a.job, a.started))]
     report["figures"] = verdict.summarize(driver.faults, restarts, driver.recoveries)
-    report["checks"] = checks.run_all(cluster, NAMESPACE, jobs, final, watch, sampler, restarts, driver.skipped)
+    report["checks"] = checks.run_all(cluster, NAMESPACE, jobs, final, watch, sampler, restarts,
+                                      verdict.landing(driver.faults, driver.skipped, tuple({p.kind for p in plan})))
     report["passed"] = "error" not in report and all(c["ok"] for c in report["checks"].values())
     if not report["passed"]:
         (out / "cluster-state.txt").write_text(deploy.dump(cluster, [NAMESPACE]))

@@ -174,6 +174,62 @@ class Fault:
     end: float
     target: str
     detail: str = ""
+    training: tuple[str, ...] = ()  # the pods training when it struck ("<pod> on <node> at step N")
+
+
+# -- did the faults strike while jobs trained? ------------------------------------------------------
+
+TRAINING_FRESH_S = 20.0  # a job whose rank 0 logged a step this recently is training
+
+
+@dataclass(frozen=True)
+class Training:
+    """A live trainer pod of a job whose current attempt is training (not loading, not done)."""
+
+    job: str
+    pod: str
+    node: str
+    step: int
+    total: int
+
+    def describe(self) -> str:
+        return f"{self.pod} on {self.node} at step {self.step}/{self.total}"
+
+
+def training_pods(attempts: list[AttemptLog], live: dict[str, tuple[tuple[str, str], str, str]],
+                  totals: dict[str, int], now: float, fresh_s: float = TRAINING_FRESH_S) -> list[Training]:
+    """Every live pod (`live`: ApiCensus.live, uid -> ((job, index), name, node)) of a job whose
+    rank 0 is a live pod that logged a step within `fresh_s` seconds and is short of the job's
+    last step (`totals`). A pod being deleted, or a stale one behind a partition (its object
+    force-deleted), is not live, so never counts."""
+    steps: dict[str, int] = {}
+    for a in attempts:
+        if a.uid in live and a.steps and now - a.steps[-1][0] <= fresh_s and a.steps[-1][1] < totals.get(a.job, 0):
+            steps[a.job] = a.steps[-1][1]
+    return sorted((Training(job, name, node, steps[job], totals[job])
+                   for (job, _), name, node in live.values() if job in steps and node),
+                  key=lambda t: t.pod)
+
+
+def landing(faults: list[Fault], skipped: list[str], kinds: tuple[str, ...]) -> dict:
+    """Every fault struck while a job trained, none was skipped, and every kind happened: a
+    trainer kill hit a training pod, a kubelet stop a node with a training pod, an operator kill
+    or an API-server restart happened while some job trained. A soak whose faults struck an idle
+    cluster proves nothing."""
+    rows = []
+    for f in faults:
+        pods = [t.split(" on ")[0] for t in f.training]
+        nodes = [t.split(" on ")[1].split(" at ")[0] for t in f.training]
+        if f.kind == "kill-trainer":
+            ok = f.target.split("/")[-1] in pods
+        elif f.kind == "stop-kubelet":
+            ok = f.target in nodes
+        else:
+            ok = bool(f.training)
+        rows.append({"kind": f.kind, "start": f.start, "target": f.target, "training": list(f.training), "ok": ok})
+    missing = sorted(set(kinds) - {f.kind for f in faults})
+    return {"ok": all(r["ok"] for r in rows) and not skipped and not missing,
+            "faults": rows, "skipped": skipped, "kinds_missing": missing}
 
 
 def restarts_of(job: str, attempts: list[AttemptLog], faults: list[Fault], every: int) -> list[dict]:

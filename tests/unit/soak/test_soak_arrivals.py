@@ -1,19 +1,13 @@
-"""The soak's later jobs: one held back per planned trainer kill, the rest evenly over the window."""
+"""The soak's later jobs: a third arrive evenly over the window, the rest are held back for faults
+that find no job training."""
 
 from __future__ import annotations
 
-from tests.soak.faults import Planned
 from tests.soak.soak import arrival_times
 
 
-def test_one_job_is_held_back_per_trainer_kill_and_the_rest_arrive_evenly():
-    plan = [Planned(50, "kill-trainer", "delete"), Planned(100, "kill-operator", "sigkill"),
-            Planned(300, "kill-trainer", "sigkill")]
-    assert arrival_times(plan, 3, 400) == [160.0]
-    assert arrival_times(plan, 4, 300) == [80.0, 160.0]
-    assert arrival_times(plan, 1, 400) == []  # fewer jobs than kills: all held back
-
-
-def test_without_trainer_kills_every_later_job_arrives_on_time():
-    assert arrival_times([Planned(5, "kill-operator", "sigkill")], 3, 400) == [80.0, 160.0, 240.0]
-    assert arrival_times([], 0, 100) == []
+def test_a_third_of_the_later_jobs_arrive_evenly_the_rest_are_held_back():
+    assert arrival_times(3, 420) == [168.0]
+    assert arrival_times(6, 300) == [80.0, 160.0]
+    assert arrival_times(2, 400) == []  # all held back
+    assert arrival_times(0, 100) == []

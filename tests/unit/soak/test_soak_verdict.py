@@ -101,3 +101,35 @@ def test_schedule_is_seeded_bounded_and_covers_every_kind():
     assert {p.kind for p in plan} == set(faults.KINDS)
     stops = [p for p in plan if p.kind == "stop-kubelet"]
     assert all(faults.SHORT_STOP[0] <= p.seconds <= faults.LONG_STOP[1] for p in stops)
+
+
+def live_pod(job, index, node):
+    return ((job, str(index)), f"{job}-actor-{index}", node)
+
+
+def test_training_pods_are_the_live_pods_of_jobs_whose_rank_0_logged_a_step_lately_short_of_the_end():
+    live = {"a0": live_pod("a", 0, "n0"), "a1": live_pod("a", 1, "n1"), "b0": live_pod("b", 0, "n1"),
+            "c0": live_pod("c", 0, "n0"), "e0": live_pod("e", 0, "n0")}
+    attempts = [log("a0", [(90, 12)], job="a"),  # training: both pods of the gang count
+                log("b0", [(10, 3)], job="b"),  # last step 90 s ago: stuck or loading, not training
+                log("c0", [(95, 400)], job="c"),  # at its last step: done
+                log("old", [(99, 7)], job="e")]  # a stale attempt (its pod is not live); e's live pod has not trained
+    found = verdict.training_pods(attempts, live, {"a": 400, "b": 400, "c": 400, "e": 400}, now=100.0)
+    assert [(t.pod, t.node, t.step) for t in found] == [("a-actor-0", "n0", 12), ("a-actor-1", "n1", 12)]
+    assert found[0].describe() == "a-actor-0 on n0 at step 12/400"
+
+
+def test_landing_wants_every_fault_to_strike_a_training_job_and_every_kind_to_happen():
+    on = ("j-actor-0 on n0 at step 12/400",)
+    good = [Fault("kill-trainer", 1, 2, "ns/j-actor-0", training=on), Fault("stop-kubelet", 3, 4, "n0", training=on),
+            Fault("kill-operator", 5, 6, "op", training=on), Fault("restart-apiserver", 7, 8, "kube-apiserver", training=on)]
+    assert verdict.landing(good, [], faults.KINDS)["ok"]
+    assert not verdict.landing(good[:3], [], faults.KINDS)["ok"]  # a kind never happened
+    assert verdict.landing(good[:3], [], faults.KINDS)["kinds_missing"] == ["restart-apiserver"]
+    assert not verdict.landing(good, ["12:00:00 kill-trainer: no job training"], faults.KINDS)["ok"]
+    idle = Fault("kill-operator", 5, 6, "op")  # struck while nothing trained
+    assert not verdict.landing([*good, idle], [], faults.KINDS)["ok"]
+    other_node = Fault("stop-kubelet", 3, 4, "n1", training=on)  # stopped a node where nothing trained
+    assert not verdict.landing([*good, other_node], [], faults.KINDS)["ok"]
+    wrong_pod = Fault("kill-trainer", 1, 2, "ns/k-actor-0", training=on)
+    assert [r["ok"] for r in verdict.landing([wrong_pod], [], ("kill-trainer",))["faults"]] == [False]

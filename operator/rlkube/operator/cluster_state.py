@@ -30,6 +30,7 @@ from rlkube.operator.api import GROUP, PLURAL, VERSION, parse_spec
 from rlkube.operator.cleanup import LABEL_CLEANUP
 from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_use, snapshot_from_objects
 from rlkube.operator.kubeapi import ApiError, KubeAPI
+from rlkube.operator.lifecycle.catalog import NodeCatalog
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
 from rlkube.operator.watch import Reflector
 
@@ -43,13 +44,16 @@ def _key(obj: Mapping[str, Any]) -> Key:
 
 
 def reduce_node(node: Mapping[str, Any]) -> dict:
-    """The fields of a node that planning reads (inventory.py, lifecycle/cluster.py)."""
+    """The fields of a node that planning reads (inventory.py, lifecycle/catalog.py). The Ready
+    condition keeps its status and transition time, not its heartbeat: a kubelet's heartbeat then
+    leaves the reduced node equal, and the planning catalog stands (NodeStore)."""
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
     return {
         "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
         "spec": {"unschedulable": spec.get("unschedulable", False), "taints": list(spec.get("taints") or [])},
         "status": {"allocatable": dict(status.get("allocatable") or {}),
-                   "conditions": [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]},
+                   "conditions": [{k: c[k] for k in ("type", "status", "lastTransitionTime") if k in c}
+                                  for c in status.get("conditions") or [] if c.get("type") == "Ready"]},
     }
 
 
@@ -163,22 +167,39 @@ class PodStore:
 
 
 class NodeStore:
+    """The nodes, reduced, and the planning catalog made of them (lifecycle/catalog.py): made on
+    the first plan after an event changed a reduced node, and kept by every plan until then."""
+
     def __init__(self) -> None:
         self.nodes: dict[str, dict] = {}
         self.lock = threading.Lock()
+        self._catalog: NodeCatalog | None = None
+        self.catalogs = 0  # catalogs made (one per change of the nodes that a plan saw)
 
     def replace(self, items: list[dict]) -> None:
         fresh = {n["metadata"]["name"]: reduce_node(n) for n in items}
         with self.lock:
             self.nodes = fresh
+            self._catalog = None
 
     def apply(self, kind: str, obj: dict) -> None:
         name = obj["metadata"]["name"]
         with self.lock:
             if kind == "DELETED":
-                self.nodes.pop(name, None)
-            else:
-                self.nodes[name] = reduce_node(obj)
+                if self.nodes.pop(name, None) is not None:
+                    self._catalog = None
+                return
+            reduced = reduce_node(obj)
+            if self.nodes.get(name) != reduced:
+                self.nodes[name] = reduced
+                self._catalog = None
+
+    def catalog(self) -> NodeCatalog:
+        with self.lock:
+            if self._catalog is None:
+                self._catalog = NodeCatalog(self.nodes.values())
+                self.catalogs += 1
+            return self._catalog
 
 
 class JobStore:
@@ -317,9 +338,9 @@ class WatchedInventory:
                                                                      *self.api.list_planned_pods()], waiting)
             return InventorySnapshot(listed.nodes, listed.bound, listed.reserved, listed.owner_bound,
                                      listed.owner_reserved, waiting, extra)
-        with self.nodes.lock:
-            nodes = list(self.nodes.nodes.values())
-        return InventorySnapshot(nodes, bound, reserved, owner_bound, owner_reserved, waiting, extra)
+        catalog = self.nodes.catalog()
+        return InventorySnapshot(list(catalog.nodes), bound, reserved, owner_bound, owner_reserved, waiting, extra,
+                                 catalog=catalog)
 
 
 class ListedInventory:
@@ -331,24 +352,25 @@ class ListedInventory:
         self.ttl = ttl
         self.ledger = Ledger()
         self.is_fresh = False  # whether the last snapshot listed anew
-        self._listing: tuple[float, list[dict], list[dict]] | None = None  # (taken, nodes, pods)
+        self._listing: tuple[float, list[dict], list[dict], NodeCatalog] | None = None  # (taken, nodes, pods)
         self._jobs: dict[str, tuple[float, list[WaitingJob]]] = {}
 
     def snapshot(self, namespace: str = "", fresh: bool = False) -> InventorySnapshot:
         self.is_fresh = fresh or self._listing is None or time.monotonic() - self._listing[0] > self.ttl
         if self.is_fresh:
             started = time.monotonic()
-            self._listing = (started, self.api.list_nodes(), [*self.api.list_bound_pods(),
-                                                              *self.api.list_planned_pods()])
+            nodes = self.api.list_nodes()
+            self._listing = (started, nodes, [*self.api.list_bound_pods(), *self.api.list_planned_pods()],
+                             NodeCatalog(nodes))
             self.ledger.forget_settled_before(started)
-        taken, nodes, pods = self._listing
+        taken, nodes, pods, catalog = self._listing
         listed = snapshot_from_objects(nodes, pods)
         uses = [pod_use(p) for p in pods]
         extra = self.ledger.pending({u.key: u for u in uses})
         planned = {uid for use in (*uses, *extra) if use.active for uid in use.owners}
         waiting = tuple(w for w in self._waiting(namespace, taken) if w.uid not in planned)
         return InventorySnapshot(listed.nodes, listed.bound, listed.reserved, listed.owner_bound,
-                                 listed.owner_reserved, waiting, extra)
+                                 listed.owner_reserved, waiting, extra, catalog=catalog)
 
     def _waiting(self, namespace: str, taken: float) -> list[WaitingJob]:
         """The RLTrainingJobs waiting for a plan, listed with the nodes: all namespaces', or

@@ -22,6 +22,7 @@ from rlkube.operator.inventory import GPU_RESOURCE, _pod_gpu_request, _quantity_
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT, LABEL_JOB
 
 if TYPE_CHECKING:  # lifecycle/cluster.py imports this module
+    from rlkube.operator.lifecycle.catalog import NodeCatalog
     from rlkube.operator.lifecycle.fifo import WaitingJob
 
 Key = tuple[str, str]  # (namespace, name)
@@ -145,6 +146,8 @@ class InventorySnapshot:
     owner_reserved: Mapping[str, Mapping[str, int]]     # owner uid -> node -> its part of `reserved`
     waiting: tuple[WaitingJob, ...] = ()                # jobs waiting for a plan, oldest first
     extra: tuple[PodUse, ...] = field(default=())       # pods being created, not in the sums yet
+    # `nodes` as a catalog kept between plans (lifecycle/catalog.py); None: one is made of `nodes`.
+    catalog: NodeCatalog | None = None
 
     def used_by_others(self, own_uid: str) -> dict[str, int]:
         """node -> GPUs held or reserved by every pod not owned by `own_uid` (incl. `extra`);

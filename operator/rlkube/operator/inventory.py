@@ -22,11 +22,12 @@ class NodeInventory:
     gpus_allocatable: int
     gpus_used: int
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Worked out once: a plan reads it for every node, for every older job it serves first.
+    gpus_free: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def gpus_free(self) -> int:
+    def __post_init__(self) -> None:
         # A node whose allocatable shrank below what its pods hold has nothing free, not less.
-        return max(0, self.gpus_allocatable - self.gpus_used)
+        object.__setattr__(self, "gpus_free", max(0, self.gpus_allocatable - self.gpus_used))
 
 
 def _quantity_int(value: Any) -> int:

@@ -47,7 +47,8 @@ broken by name, so the same request and inventory give the same plan in any inve
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,43 +182,78 @@ class Unplaceable(Exception):
 # Topology model
 
 _Domain = tuple[str, str]  # ("=", label value) or ("node", node name) for a node without the label
+_NAME, _LABELS, _FREE = (operator.attrgetter(a) for a in ("name", "labels", "gpus_free"))
 
 
-@dataclass
-class _Topology:
-    """Nodes (by name) and their domains at every level; free capacity counted in pod slots."""
+@dataclass(frozen=True)
+class Layout:
+    """The topology domains of a set of nodes at `keys`: what a plan derives from node names and
+    labels alone. A thousand nodes at four levels take milliseconds to group, more than the rest of
+    a plan, so the operator builds it once per node set (lifecycle/catalog.py, rebuilt when a node
+    event changes a node) and reuses it for every plan on those nodes; `plan_placement` checks that
+    it fits the inventory it is given and builds its own when it does not."""
 
     keys: tuple[str, ...]
-    gpus_per_pod: int
-    nodes: dict[str, NodeInventory]
-    node_domain: list[dict[str, _Domain]]  # level -> node -> domain
-    domain_nodes: list[dict[_Domain, tuple[str, ...]]]  # level -> domain -> node names (sorted)
+    names: tuple[str, ...]                              # the nodes, sorted
+    labels: tuple[Mapping[str, str], ...]               # each node's labels object, in `names` order
+    node_domain: tuple[dict[str, _Domain], ...]         # level -> node -> domain
+    domain_nodes: tuple[dict[_Domain, tuple[str, ...]], ...]  # level -> domain -> node names (sorted)
 
     @classmethod
-    def build(cls, keys: tuple[str, ...], gpus_per_pod: int, inventory: Iterable[NodeInventory]) -> _Topology:
-        listed = list(inventory)
-        nodes = {n.name: n for n in sorted(listed, key=lambda n: n.name)}
-        if len(nodes) != len(listed):
+    def of(cls, keys: tuple[str, ...], inventory: Iterable[NodeInventory]) -> Layout:
+        nodes = sorted(inventory, key=lambda n: n.name)
+        if len({n.name for n in nodes}) != len(nodes):
             raise ValueError("inventory: node names must be unique")
-        node_domain: list[dict[str, _Domain]] = []
-        domain_nodes: list[dict[_Domain, tuple[str, ...]]] = []
+        node_domain, domain_nodes = [], []
         for key in keys:
-            of_node = {
-                name: ("=", node.labels[key]) if key in node.labels else ("node", name)
-                for name, node in nodes.items()
-            }
+            of_node = {n.name: ("=", n.labels[key]) if key in n.labels else ("node", n.name) for n in nodes}
             members: dict[_Domain, list[str]] = {}
             for name, domain in of_node.items():
                 members.setdefault(domain, []).append(name)
             node_domain.append(of_node)
             domain_nodes.append({d: tuple(ns) for d, ns in sorted(members.items())})
-        return cls(keys, gpus_per_pod, nodes, node_domain, domain_nodes)
+        return cls(tuple(keys), tuple(n.name for n in nodes), tuple(n.labels for n in nodes),
+                   tuple(node_domain), tuple(domain_nodes))
+
+    def serves(self, keys: tuple[str, ...], inventory: Sequence[NodeInventory]) -> bool:
+        """Whether this is `inventory`'s layout at `keys`: the same nodes in name order, each with
+        the very labels object the layout was built from (so no label can have changed since)."""
+        return (tuple(keys) == self.keys and len(inventory) == len(self.names)
+                and list(map(_NAME, inventory)) == list(self.names)
+                and all(map(operator.is_, map(_LABELS, inventory), self.labels)))
+
+
+@dataclass
+class _Topology:
+    """Nodes (by name) and their domains at every level (a `Layout`); free capacity counted in pod
+    slots."""
+
+    keys: tuple[str, ...]
+    gpus_per_pod: int
+    nodes: dict[str, NodeInventory]
+    node_domain: Sequence[dict[str, _Domain]]  # level -> node -> domain
+    domain_nodes: Sequence[dict[_Domain, tuple[str, ...]]]  # level -> domain -> node names (sorted)
+    free_gpus: dict[str, int]  # node -> its free GPUs (NodeInventory.gpus_free, read once)
+    free_slots: dict[str, int]  # node -> pods of gpus_per_pod its free GPUs hold
+
+    @classmethod
+    def build(cls, keys: tuple[str, ...], gpus_per_pod: int, inventory: Iterable[NodeInventory],
+              layout: Layout | None = None) -> _Topology:
+        listed = list(inventory)
+        if layout is None or not layout.serves(keys, listed):
+            layout = Layout.of(keys, listed)
+            listed = sorted(listed, key=lambda n: n.name)
+        nodes = {n.name: n for n in listed}
+        g = gpus_per_pod
+        free_gpus = dict(zip(map(_NAME, listed), map(_FREE, listed), strict=True))
+        free_slots = free_gpus if g == 1 else {name: free // g for name, free in free_gpus.items()}
+        return cls(keys, g, nodes, layout.node_domain, layout.domain_nodes, free_gpus, free_slots)
 
     def slots_allocatable(self, name: str) -> int:
         return self.nodes[name].gpus_allocatable // self.gpus_per_pod
 
     def slots_free(self, name: str) -> int:
-        return self.nodes[name].gpus_free // self.gpus_per_pod
+        return self.free_slots[name]
 
     def domain_label(self, level: int, domain: _Domain) -> str:
         kind, value = domain
@@ -304,7 +340,7 @@ class _Search:
                 chosen = min(
                     fitting,
                     key=lambda n: (
-                        self.topo.nodes[n].gpus_free - (self.taken.get(n, 0) + need) * g,  # noqa: B023
+                        self.topo.free_gpus[n] - (self.taken.get(n, 0) + need) * g,  # noqa: B023
                         n not in used_by_job,
                         n,
                     ),
@@ -324,11 +360,11 @@ class _Search:
         fixed = {self.assigned[p] for p in group.pods if self.assigned[p] is not None}
         if level is None:
             pools = [tuple(sorted(restrict)) if restrict is not None else tuple(self.topo.nodes)]
-        else:
-            pools = [
-                tuple(n for n in members if restrict is None or n in restrict)
-                for members in self.topo.domain_nodes[level].values()
-            ]
+        elif restrict is None:
+            pools = list(self.topo.domain_nodes[level].values())
+        else:  # only the domains holding a node of `restrict` (the others' pools would be empty)
+            of_node, members = self.topo.node_domain[level], self.topo.domain_nodes[level]
+            pools = [tuple(n for n in members[d] if n in restrict) for d in sorted({of_node[n] for n in restrict})]
         g = self.topo.gpus_per_pod
         job = self.job_nodes()
         scored = []
@@ -338,7 +374,7 @@ class _Search:
             room = sum(self.room(n) for n in pool)
             if room < len(open_pods):
                 continue
-            free = sum(self.topo.nodes[n].gpus_free - self.taken.get(n, 0) * g for n in pool)
+            free = sum(self.topo.free_gpus[n] - self.taken.get(n, 0) * g for n in pool)
             touches = bool(job & set(pool))
             # Fewest nodes the group would span in this pool (most room first), then best fit.
             spans, left = 0, len(open_pods)
@@ -433,17 +469,20 @@ def _unplaceable_reason(request: PlacementRequest, topo: _Topology, groups: list
     return f"policy required: no combination of domains holds every role group at once ({wants}){limit}"
 
 
-def plan_placement(request: PlacementRequest, inventory: list[NodeInventory]) -> Placement:
-    """Plan the job's pods onto nodes (see the module docstring for the rules); or raise Unplaceable."""
+def plan_placement(request: PlacementRequest, inventory: list[NodeInventory],
+                   layout: Layout | None = None) -> Placement:
+    """Plan the job's pods onto nodes (see the module docstring for the rules); or raise Unplaceable.
+    `layout`: the inventory's topology at the request's keys, built earlier (`Layout`); the plan is
+    the same with or without it."""
     g = request.gpus_per_pod
-    topo = _Topology.build(request.topology_keys, g, inventory)
+    topo = _Topology.build(request.topology_keys, g, inventory, layout)
     groups = _groups(request, topo)
 
     if not any(topo.slots_allocatable(n) for n in topo.nodes):
         raise Unplaceable(f"no schedulable node has {g} GPUs allocatable (gpusPerPod {g})")
-    usable = sum(topo.slots_free(n) for n in topo.nodes) * g
+    usable = sum(topo.free_slots.values()) * g
     if usable < request.total_gpus:
-        raw = sum(n.gpus_free for n in topo.nodes.values())
+        raw = sum(topo.free_gpus.values())
         raise Unplaceable(
             f"needs {request.total_gpus} GPUs in {request.pod_count} pods of {g}, only {usable} free "
             f"in pods of {g} ({raw} free GPUs on {len(topo.nodes)} schedulable nodes)"
@@ -453,15 +492,20 @@ def plan_placement(request: PlacementRequest, inventory: list[NodeInventory]) ->
     found = False
     # Step 1: the whole job inside one domain, tightest level first, best fit first. A single node
     # comes before every key: it lies inside one domain of every level, whatever the labels say.
-    single_nodes: dict[_Domain, tuple[str, ...]] = {("node", n): (n,) for n in topo.nodes}
     pod_count, total_gpus = request.pod_count, request.total_gpus  # properties: once, not per domain
-    for domains in [single_nodes, *topo.domain_nodes]:
-        fits = []
-        for members in domains.values():
-            room = sum(topo.slots_free(n) for n in members)
-            if room >= pod_count:
-                free = sum(topo.nodes[n].gpus_free for n in members)
-                fits.append((free - total_gpus, members))
+    # One node alone: only those with room for the whole job (most nodes of a busy cluster have not).
+    single_nodes = [(topo.free_gpus[n] - total_gpus, (n,)) for n, room in topo.free_slots.items()
+                    if room >= pod_count]
+    for domains in [None, *topo.domain_nodes]:
+        if domains is None:
+            fits = single_nodes
+        else:
+            fits = []
+            for members in domains.values():
+                room = sum(topo.free_slots[n] for n in members)
+                if room >= pod_count:
+                    free = sum(topo.free_gpus[n] for n in members)
+                    fits.append((free - total_gpus, members))
         for _, members in sorted(fits):
             if search.place_strict(0, frozenset(members)):
                 found = True

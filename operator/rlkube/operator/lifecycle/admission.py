@@ -25,8 +25,10 @@ def plan_and_admit(d: Decider) -> Decision:
     if d.cluster is None:
         return NEED_CLUSTER
     # Older waiting jobs of the same priority class are served first (lifecycle/fifo.py).
-    free, holders = fifo.held_back(d.cluster.inventory, fifo.ahead_of(job, d.cluster.waiting), largest_plan)
-    placement = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap())
+    layouts = d.cluster.layouts  # the nodes' topology, grouped once for every plan below (catalog.py)
+    free, holders = fifo.held_back(d.cluster.inventory, fifo.ahead_of(job, d.cluster.waiting),
+                                   lambda older, inventory: largest_plan(older, inventory, layouts=layouts))
+    placement = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap(), layouts=layouts)
     if isinstance(placement, Unplaceable):
         reason = nodes.why_unplaceable(placement.reason, d.cluster, holders)
         old = condition(job.status, "Placed") or {}

@@ -7,27 +7,18 @@ spec allows on it; `plan_fits` says whether a plan made earlier still fits it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlkube.operator.gpu_use import InventorySnapshot, pod_use, snapshot_from_objects
-from rlkube.operator.inventory import NodeInventory, node_exclusion, node_inventory
+from rlkube.operator.inventory import NodeInventory
+from rlkube.operator.lifecycle.catalog import OUT_OF_SERVICE_TAINT, NodeCatalog, NodeHealth  # noqa: F401
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_jobs
-from rlkube.operator.placement import Placement, Unplaceable, plan_placement, request_from_spec
+from rlkube.operator.placement import Layout, Placement, Unplaceable, plan_placement, request_from_spec
 
-# Kubernetes' taint for a node shut down without a graceful drain (non-graceful node shutdown):
-# its pods will never report again.
-OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    """What node-loss detection reads of a node (lifecycle/nodes.py)."""
-
-    ready: str                  # its Ready condition's status: True, False or Unknown ("" when none)
-    since: str | None           # that condition's lastTransitionTime
-    out_of_service: bool        # tainted node.kubernetes.io/out-of-service (non-graceful shutdown)
+# The topology of a cluster view's nodes at some topology keys (catalog.NodeFit.layout).
+Layouts = Callable[[Sequence[str]], Layout]
 
 
 @dataclass(frozen=True)
@@ -40,6 +31,9 @@ class Cluster:
     health: Mapping[str, NodeHealth] = field(default_factory=dict)  # every node's, by name
     excluded: Mapping[str, str] = field(default_factory=dict)  # node -> why the job's pods cannot use it
     waiting: tuple[WaitingJob, ...] = ()  # gangs waiting to be planned, oldest first (lifecycle/fifo.py)
+    # The inventory's topology per topology keys, kept with its nodes (catalog.py): largest_plan's
+    # `layouts`. None: every plan groups the nodes itself.
+    layouts: Layouts | None = field(default=None, compare=False, repr=False)
 
 
 def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[dict] = (),
@@ -81,34 +75,14 @@ def cluster_view_of(snapshot: InventorySnapshot, spec: Any, own_uid: str = "",
         own = dict(snapshot.owner_bound.get(own_uid) or {}) if own_uid else {}
     for node, gpus in own.items():
         used[node] = used.get(node, 0) + gpus
-    tolerations = list(spec.tolerations)
-    selector = dict(spec.node_selector or {})
-    inventory, excluded, health, usable = [], {}, {}, set()
-    for node in snapshot.nodes:  # one pass: a plan reads up to thousands of nodes
-        meta = node.get("metadata") or {}
-        name = meta.get("name")
-        health[name] = _health(node)
-        why = node_exclusion(node, tolerations)
-        if why is None:
-            usable.add(name)
-            labels = meta.get("labels") or {}
-            mismatch = sorted(f"{k}={v}" for k, v in selector.items() if labels.get(k) != v)
-            if not mismatch:
-                inventory.append(node_inventory(node, used.get(name, 0)))
-                continue
-            why = f"do not match nodeSelector {', '.join(mismatch)}"
-        excluded[name] = why
-    inventory.sort(key=lambda n: n.name)
-    return Cluster(inventory=inventory, node_names=frozenset(health),
-                   own_gpus={node: gpus for node, gpus in own.items() if node in usable}, health=health,
-                   excluded=excluded, waiting=tuple(snapshot.waiting))
-
-
-def _health(node: Mapping[str, Any]) -> NodeHealth:
-    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
-    taints = (node.get("spec") or {}).get("taints") or []
-    return NodeHealth(ready=str(ready.get("status") or ""), since=ready.get("lastTransitionTime"),
-                      out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints))
+    # What follows from the nodes alone comes from the catalog, worked out once per node set
+    # (catalog.py); only the GPUs in use are this plan's.
+    catalog = snapshot.catalog if snapshot.catalog is not None else NodeCatalog(snapshot.nodes)
+    fit = catalog.fit(spec.tolerations, spec.node_selector or {})
+    return Cluster(inventory=fit.inventory(used), node_names=catalog.names,
+                   own_gpus={node: gpus for node, gpus in own.items() if node in fit.usable},
+                   health=catalog.health, excluded=fit.excluded, waiting=tuple(snapshot.waiting),
+                   layouts=fit.layout)
 
 
 def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str | None:
@@ -126,7 +100,7 @@ def plan_fits(placement: Placement, cluster: Cluster, gpus_per_pod: int) -> str 
 
 
 def largest_plan(spec: Any, inventory: list[NodeInventory], shared_host_path: bool = True,
-                 most: int | None = None) -> Placement | Unplaceable:
+                 most: int | None = None, layouts: Layouts | None = None) -> Placement | Unplaceable:
     """The plan at the largest gang size the spec allows (`worker_counts`, none above `most`:
     the pods Kueue admitted) that fits `inventory`; when none fits, the Unplaceable of the
     smallest size, whose reason is the one to fix.
@@ -134,7 +108,10 @@ def largest_plan(spec: Any, inventory: list[NodeInventory], shared_host_path: bo
     Without `shared_host_path` (the operator's --host-path-shared: the hostPath checkpoint root is
     one filesystem on every node) a job with no checkpoint.volumeClaim keeps its checkpoints in a
     hostPath of each node, which the other nodes do not see: a gang restarted across nodes would
-    lose them (or commit only rank 0's shards). Such a job gets only plans on one node."""
+    lose them (or commit only rank 0's shards). Such a job gets only plans on one node.
+
+    `layouts`: the inventory's topology per keys (`Cluster.layouts`), so no plan groups the nodes
+    again; the plan is the same without it."""
     one_node = not shared_host_path and not spec.checkpoint.volume_claim
     counts = [w for w in spec.worker_counts() if most is None or w <= most]
     if not counts:
@@ -143,7 +120,9 @@ def largest_plan(spec: Any, inventory: list[NodeInventory], shared_host_path: bo
     failed, spanning = Unplaceable("no gang size to plan"), None
     for workers in counts:
         try:
-            plan = plan_placement(request_from_spec(spec.with_workers(workers)), inventory)
+            request = request_from_spec(spec.with_workers(workers))
+            layout = layouts(request.topology_keys) if layouts is not None else None
+            plan = plan_placement(request, inventory, layout)
         except Unplaceable as exc:
             failed = exc
             continue

@@ -89,7 +89,7 @@ def _shrink_event(d: Decider, gang: Gang, lost: set[str]) -> None:
     held = d.cluster.own_gpus
     free = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0)))
             for n in d.cluster.inventory if n.name not in lost]
-    smaller = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap())
+    smaller = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap(), layouts=d.cluster.layouts)
     if isinstance(smaller, Unplaceable) or len(smaller.pods) >= running:
         return
     d.event("Normal", "ElasticShrink", f"elastic: {len(smaller.pods)} pods fit without node(s) "

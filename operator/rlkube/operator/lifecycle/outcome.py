@@ -102,7 +102,7 @@ def _grow(d: Decider) -> Decision | None:
         return NEED_CLUSTER
     held = d.cluster.own_gpus
     freed = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0))) for n in d.cluster.inventory]
-    bigger = largest_plan(spec, freed, d.settings.host_path_shared, most=cap)
+    bigger = largest_plan(spec, freed, d.settings.host_path_shared, most=cap, layouts=d.cluster.layouts)
     if isinstance(bigger, Unplaceable) or len(bigger.pods) <= running:
         return None
     limit = f"maxWorkers {spec.elastic.max_workers}"

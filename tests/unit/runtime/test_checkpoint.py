@@ -111,29 +111,35 @@ def test_background_save_returns_before_the_write_and_commits_a_snapshot(tmp_pat
 
 
 @pytest.mark.parametrize("staging", ["host", "device"])
-def test_prepared_host_buffers_are_the_ones_the_first_save_fills(tmp_path, staging):
-    """prepare() allocates the background saves' host buffers ahead of the first save (pinned on
-    CUDA, off the step loop); that save fills them (the host stager directly, a device snapshot
-    through the writer) with the state of its own step, hyperparameters too, and the checkpoint
-    restores it. (The stager caches buffers on CUDA only; the test turns that on.)"""
+def test_prepared_host_buffers_only_for_host_staging_and_the_first_save_fills_them(tmp_path, staging):
+    """prepare() allocates the host stager's buffers ahead of the first save (pinned on CUDA, off
+    the step loop), and that save fills them with the state of its own step, hyperparameters too.
+    When saves snapshot on the device it allocates nothing: pinning would hold the CUDA driver
+    while the step loop waits, and the writer moves the snapshot to host memory off the loop.
+    Either way the checkpoint restores the saved state. (The stager caches buffers on CUDA only;
+    the test turns that on.)"""
     ctx = DistContext()
     ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx, background=True, staging=staging)
     ck._stager.cache_staged_state_dict = True
     model, opt = model_and_optimizer(0)
     ck.prepare(model, opt)
-    ck._preparing.join(timeout=30)
-    prepared = ck._stager.state_dict_cache
-    assert prepared is not None and prepared["model"]["0.weight"].shape == (3, 4)
-    ck.prepare(model, opt)  # once only
-    assert ck._stager.state_dict_cache is prepared
+    if staging == "host":
+        ck._preparing.join(timeout=30)
+        prepared = ck._stager.state_dict_cache
+        assert prepared is not None and prepared["model"]["0.weight"].shape == (3, 4)
+        ck.prepare(model, opt)  # once only
+        assert ck._stager.state_dict_cache is prepared
+    else:
+        assert ck._preparing is None and ck._stager.state_dict_cache is None
     model(torch.randn(5, 4)).sum().backward()  # the state moves on before the save
     opt.step()
     for group in opt.param_groups:
         group["lr"] = 0.05
     ck.save(2, model, opt, {})
     ck.close()
-    assert ck._stager.state_dict_cache is prepared
-    assert torch.equal(prepared["model"]["0.weight"], model[0].weight.detach())
+    if staging == "host":
+        assert ck._stager.state_dict_cache is prepared
+        assert torch.equal(prepared["model"]["0.weight"], model[0].weight.detach())
     other, other_opt = model_and_optimizer(1)
     Checkpointer(str(tmp_path), keep=3, ctx=ctx).restore(other, other_opt)
     for a, b in zip(model.parameters(), other.parameters(), strict=True):

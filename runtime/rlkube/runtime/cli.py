@@ -171,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         return config_failed(e)
     from rlkube.runtime.infra.launch import launch_mode, pod_rank_env, spawn_workers
     from rlkube.runtime.infra.progress import serve_health_early
-    from rlkube.runtime.infra.startup import compile_cache_env
+    from rlkube.runtime.infra.startup import allocator_env, compile_cache_env
 
     os.environ.update(compile_cache_env(config.checkpoint.dir, dict(os.environ)))
+    os.environ.update(allocator_env(dict(os.environ)))
     mode = launch_mode(dict(os.environ))
     if mode == "spawn":
         return spawn_workers(ns.config)

@@ -28,3 +28,11 @@ def test_compile_cache_goes_next_to_the_checkpoints_unless_the_user_set_one():
     assert compile_cache_env("/ckpt", {}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": ""}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}
+
+
+def test_allocator_env_expandable_segments_unless_the_user_chose():
+    from rlkube.runtime.infra.startup import ALLOCATOR_CONF, allocator_env
+
+    assert allocator_env({}) == {"PYTORCH_CUDA_ALLOC_CONF": ALLOCATOR_CONF}
+    assert allocator_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == {}
+    assert allocator_env({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {}

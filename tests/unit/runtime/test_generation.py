@@ -136,3 +136,17 @@ def test_grouped_query_decode_reads_kv_heads_once_and_matches_hf_sdpa(monkeypatc
     # decode steps: queries packed as [B, kv heads, groups, D] against unrepeated [B, kv heads, L, D]
     assert any(q[1:3] == (2, 2) and k[1] == 2 for q, k in shapes), shapes[:4]
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_capture_seconds_count_only_the_calls_that_built_decode_batches():
+    model = tiny_model()
+    decoder = Decoder(model, static_cache=True, batch_rows=2)
+    ids, mask = left_padded(PROMPTS)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    decoder.generate(ids, mask, params)
+    assert decoder.last_stats["captureSeconds"] > 0  # the 2-row batch (and its compaction target) built
+    built = decoder.capture_seconds_total
+    decoder.generate(ids, mask, params)
+    assert decoder.last_stats["captureSeconds"] == 0.0 and decoder.capture_seconds_total == built  # reused
+    decoder.generate(ids, mask, SamplingParams(max_new_tokens=7, temperature=0.0))  # a new cache length
+    assert decoder.last_stats["captureSeconds"] > 0

@@ -247,6 +247,7 @@ class Decoder:
         self._batch = None
         self._smaller: dict[int, DecodeBatch] = {}
         self.last_capture_seconds = 0.0
+        self.capture_seconds_total = 0.0  # every DecodeBatch built (caches allocated, graphs captured)
         self.last_stats: dict = {}
 
     # -- masks ---------------------------------------------------------------------------------
@@ -298,10 +299,13 @@ class Decoder:
                         f"{getattr(self.model.config, '_attn_implementation', None)!r} takes no 4-D mask): "
                         f"prompts go through the {rows} decode rows in waves, without refill"))
                 return self._generate_waves(input_ids, prompt_mask, params, generator, rows)
+            captured_before = self.capture_seconds_total
             batch = self._decode_batch(rows, input_ids.shape[1], params)
             resize = self._smaller_batch if self.compact else None
             response, response_mask, self.last_stats = decode(batch, input_ids, prompt_mask, generator,
                                                               self.refill, resize)
+            # Seconds of this call spent building decode batches (graph capture), 0 when reused.
+            self.last_stats["captureSeconds"] = round(self.capture_seconds_total - captured_before, 3)
         return GenerationOutput(input_ids, prompt_mask, response, response_mask)
 
     def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
@@ -321,7 +325,7 @@ class Decoder:
 
     def _new_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
         try:
-            return DecodeBatch(self, rows, prompt_len, params, graphs=self.cuda_graphs)
+            batch = DecodeBatch(self, rows, prompt_len, params, graphs=self.cuda_graphs)
         except Exception as e:
             if not self.cuda_graphs:
                 raise
@@ -329,7 +333,9 @@ class Decoder:
             log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
                         type(e).__name__, e)
             self.cuda_graphs = False
-            return DecodeBatch(self, rows, prompt_len, params, graphs=False)
+            batch = DecodeBatch(self, rows, prompt_len, params, graphs=False)
+        self.capture_seconds_total += batch.capture_seconds
+        return batch
 
     def release(self) -> None:
         """Free the KV caches and graphs (the hybrid engine calls this before training)."""

@@ -117,6 +117,8 @@ class RolloutWorker:
             # Share of the decode rows' steps that held a completion not yet harvested (the host
             # harvests finished rows every decode_batch.EOS_CHECK_EVERY steps): rollout.decodeRows, refill.
             stats["decodeRowOccupancy"] = decoded["row_steps_busy"] / decoded["row_steps"]
+        if "captureSeconds" in decoded:  # decode caches built and graphs captured in this call
+            stats["decodeCaptureSeconds"] = decoded["captureSeconds"]
         seq = torch.full((out.prompt_ids.shape[0], width), self.pad_id, dtype=torch.long)
         att = torch.zeros_like(seq)
         seq[:, : out.sequences.shape[1]] = out.sequences.cpu()

@@ -242,6 +242,8 @@ class RLTrainer(Trainer):
         }
         if "decodeRowOccupancy" in gen_stats:  # this rank's decoder (rollout.decodeRows, rollout.refill)
             rec["decodeRowOccupancy"] = round(gen_stats["decodeRowOccupancy"], 4)
+        if "decodeCaptureSeconds" in gen_stats:  # > 0 after the first step: graphs re-captured
+            rec["decodeCaptureSeconds"] = gen_stats["decodeCaptureSeconds"]
         if self.algorithm.grouped:
             rec["groupsWithSignal"] = fraction_of_groups_with_signal(scores, self.group_size)
         return rec

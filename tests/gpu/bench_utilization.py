@@ -209,26 +209,48 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             env.pop(k, None)
         if args.cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
-        sampler = Sampler(gpu_sampler_gpu) if gpu_sampler_gpu is not None else None
-        launched = time.time()
-        try:
-            proc = subprocess.run([sys.executable, "-m", "rlkube.runtime", "run", str(cfg_path)], cwd=ROOT, env=env,
-                                  capture_output=True, text=True, timeout=args.case_timeout)
-        except subprocess.TimeoutExpired as e:  # keep what it logged: the steps it did say where time went
-            proc = subprocess.CompletedProcess(e.cmd, -9, _text(e.stdout), _text(e.stderr) + "\n[bench: timed out]")
-        exited = time.time()
-        if sampler is not None:
-            sampler.stop()
-        if args.log_dir:  # the CLI's own logs, for reading step by step what a figure hides
-            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(args.log_dir) / f"{case_name}.stdout").write_text(proc.stdout)
-            (Path(args.log_dir) / f"{case_name}.stderr").write_text(proc.stderr)
-        recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        proc, recs, sampler, launched, exited = run_cli(cfg_path, env, args, gpu_sampler_gpu, case_name)
         if proc.returncode != 0:
             return {"case": case_name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
-        return summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {}}
+        result = summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {}}
+        if args.restart:
+            # The same job restarted (as after a pod is replaced): resumes from the last checkpoint,
+            # with the compile cache the first run left in checkpoint.dir.
+            config = yaml.safe_load(cfg_path.read_text())
+            config["training"]["steps"] += args.restart
+            cfg_path.write_text(yaml.safe_dump(config))
+            proc, recs, sampler, launched, exited = run_cli(cfg_path, env, args, gpu_sampler_gpu,
+                                                            case_name + "-restart")
+            if proc.returncode != 0:
+                result["restart"] = {"error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
+            else:
+                again = summarize(case_name, recs, sampler, launched, exited)
+                first = next((r for r in recs if r.get("event") == "step"), {})
+                result["restart"] = {k: again[k] for k in ("steps", "launchToFirstStepSeconds", "startupSeconds")}
+                result["restart"] |= {"firstStep": first.get("step"), "compileCache": first.get("compileCache")}
+        return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def run_cli(cfg_path: Path, env: dict, args, gpu_sampler_gpu: str | None, log_name: str):
+    """One `python -m rlkube.runtime run CONFIG` with nvidia-smi sampling beside it."""
+    sampler = Sampler(gpu_sampler_gpu) if gpu_sampler_gpu is not None else None
+    launched = time.time()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rlkube.runtime", "run", str(cfg_path)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=args.case_timeout)
+    except subprocess.TimeoutExpired as e:  # keep what it logged: the steps it did say where time went
+        proc = subprocess.CompletedProcess(e.cmd, -9, _text(e.stdout), _text(e.stderr) + "\n[bench: timed out]")
+    exited = time.time()
+    if sampler is not None:
+        sampler.stop()
+    if args.log_dir:  # the CLI's own logs, for reading step by step what a figure hides
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.log_dir) / f"{log_name}.stdout").write_text(proc.stdout)
+        (Path(args.log_dir) / f"{log_name}.stderr").write_text(proc.stderr)
+    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc, recs, sampler, launched, exited
 
 
 def _text(out) -> str:
@@ -272,6 +294,8 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "setupSeconds": start.get("setupSeconds"),
         "responseLengthMean": _mean([r.get("responseLengthMean") for r in after]),
         "decodeRowOccupancy": _mean([r.get("decodeRowOccupancy") for r in after]),
+        # decode caches built / graphs captured per step: after the first step, > 0 means re-captures
+        "decodeCaptureSeconds": [r["decodeCaptureSeconds"] for r in steps if "decodeCaptureSeconds" in r],
     }
 
 
@@ -308,6 +332,9 @@ def main(argv=None) -> int:
                     help="GRPO/PPO runs, comma list of: all (rollout.decodeRows unset), on / off (--decode-rows "
                     "rows, refill on or in waves)")
     ap.add_argument("--decode-rows", type=int, default=None, help="rollout.decodeRows of the on/off runs")
+    ap.add_argument("--restart", type=int, default=0,
+                    help="then run the same job again for N more steps (resumes from its checkpoint and compile "
+                    "cache) and report its start-up")
     ap.add_argument("--eos-median", type=float, default=None,
                     help="GRPO/PPO: bias EOS so completions end at geometric lengths of this median")
     args = ap.parse_args(argv)

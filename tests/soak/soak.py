@@ -144,7 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     # cluster is restored and a cluster this process started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with contextlib.contextmanager(fixtures._session_cluster)("full") as cluster:
-        report = soak(cluster, args, out)
+        try:
+            report = soak(cluster, args, out)
+        except Exception:
+            # Seen (15:28): the chart's install timed out; what the operator said goes with the
+            # cluster when the soak started it, so it is kept first.
+            (out / "cluster-state.txt").write_text(deploy.dump(cluster, [NAMESPACE]))
+            print(f"cluster state: {out / 'cluster-state.txt'}")
+            raise
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     print(checks.text_summary(report))
     print(f"report: {out / 'report.json'}")

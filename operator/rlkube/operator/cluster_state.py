@@ -15,6 +15,15 @@ released and count until the store has the pod (same attempt), so two jobs plann
 never get the same GPUs; a job with pods in the store or the ledger is not waiting for a plan
 either. A ledger entry whose create finished but never showed up (created and deleted between
 two lists, or refused) is dropped after `LEDGER_GRACE` seconds or at the next full list.
+
+The same watches serve a reconcile's reads (reconcile.py): the job as last seen (or as the
+operator's own status write returned it, so the next reconcile never decides on the version
+before its own write), and the job's pods, reduced to what a decision reads. A read the store
+cannot answer safely goes to the API server instead: a job not in the store, a job whose status
+write met a Conflict (the store may be behind), and a job with a pod in the ledger that the
+store does not show yet (expectations, as client-go controllers keep them: a gang just created is
+never read as missing). Creates use deterministic names, so a store that lags in any other way
+costs an AlreadyExists, never a second pod.
 """
 
 from __future__ import annotations
@@ -125,8 +134,29 @@ class Ledger:
             self._entries = keep
             return tuple(use for _, use in keep.values())
 
+    def awaits(self, namespace: str, job: str, known: Mapping[Key, PodUse]) -> bool:
+        """Whether a pod of `job` this operator created is not in `known` (the store) at its attempt yet."""
+        with self._lock:
+            return any(use.job == job and key[0] == namespace and (known.get(key) is None
+                                                                     or known[key].attempt != use.attempt)
+                       for key, (_, use) in self._entries.items())
+
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def reduce_job_pod(obj: Mapping[str, Any]) -> dict:
+    """The fields of an rlkube pod that a reconcile reads (observed.PodView, gpu_use.pod_use,
+    owned_by): kept for every such pod, so a reconcile reads its job's pods here, not from a LIST."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    kept_meta = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp",
+                 "resourceVersion", "creationTimestamp")
+    containers = lambda key: [{"name": c.get("name"), "resources": c.get("resources") or {}}  # noqa: E731
+                              for c in spec.get(key) or []]
+    reduced_spec = {k: spec[k] for k in ("nodeName", "schedulingGates") if k in spec}
+    return {"metadata": {k: meta[k] for k in kept_meta if k in meta},
+            "spec": {**reduced_spec, "containers": containers("containers"), "initContainers": containers("initContainers")},
+            "status": obj.get("status") or {}}
 
 
 class PodStore:
@@ -136,6 +166,8 @@ class PodStore:
         self.use = GpuUse()
         self.lock = threading.Lock()
         self.ledger = ledger
+        # rlkube pods (label rlkube.io/job), finished ones too, reduced: (namespace, job) -> name -> pod
+        self.by_job: dict[Key, dict[str, dict]] = {}
         # Called (on the watch's thread) with each rlkube pod event's (namespace, job name): the
         # operator requests that job's reconcile from here instead of watching the pods twice.
         self.listener: Callable[[Key], None] | None = None
@@ -144,11 +176,14 @@ class PodStore:
 
     def replace(self, items: list[dict]) -> None:
         started = time.monotonic()
-        fresh = GpuUse()
+        fresh, by_job = GpuUse(), {}
         for obj in items:
-            fresh.put(pod_use(obj))
+            use = pod_use(obj)
+            fresh.put(use)
+            if use.job:
+                by_job.setdefault((use.key[0], use.job), {})[use.key[1]] = reduce_job_pod(obj)
         with self.lock:
-            self.use = fresh
+            self.use, self.by_job = fresh, by_job
         if self.ledger is not None:  # a list begun after a create finished has that pod, or it is gone
             self.ledger.forget_settled_before(started)
 
@@ -159,6 +194,13 @@ class PodStore:
                 self.use.drop(use.key)
             else:
                 self.use.put(use)
+            if use.job and kind == "DELETED":
+                pods = self.by_job.get((use.key[0], use.job), {})
+                pods.pop(use.key[1], None)
+                if not pods:
+                    self.by_job.pop((use.key[0], use.job), None)
+            elif use.job:
+                self.by_job.setdefault((use.key[0], use.job), {})[use.key[1]] = reduce_job_pod(obj)
         if self.listener is not None and use.job:
             self.listener((use.key[0], use.job))
         if (self.cleanup_listener is not None and kind != "DELETED"
@@ -209,6 +251,7 @@ class JobStore:
     def __init__(self) -> None:
         self.waiting: dict[Key, WaitingJob] = {}
         self.keys: set[Key] = set()  # every job of the store (the resync requests them all)
+        self.objects: dict[Key, dict] = {}  # every job as last seen (what a reconcile reads)
         self._specs: dict[str, tuple[int, Any]] = {}  # uid -> (generation, spec)
         self.lock = threading.Lock()
         # Called (on the watch's thread) with each event's type and job, and with "LISTED" and
@@ -234,25 +277,41 @@ class JobStore:
             self._specs = {uid: spec for uid, spec in self._specs.items() if uid in uids}
             self.waiting = {_key(o): w for o in items if (w := self._reduce(o)) is not None}
             self.keys = {_key(o) for o in items}
+            self.objects = {_key(o): o for o in items}
         if self.listener is not None:
             for obj in items:
                 self.listener("LISTED", obj)
 
     def apply(self, kind: str, obj: dict) -> None:
-        key = _key(obj)
         with self.lock:
-            reduced = None if kind == "DELETED" else self._reduce(obj)
-            if kind == "DELETED":
-                self._specs.pop((obj.get("metadata") or {}).get("uid"), None)
-                self.keys.discard(key)
-            else:
-                self.keys.add(key)
-            if reduced is None:
-                self.waiting.pop(key, None)
-            else:
-                self.waiting[key] = reduced
+            self._put(kind, obj)
         if self.listener is not None:
             self.listener(kind, obj)
+
+    def _put(self, kind: str, obj: dict) -> None:
+        key = _key(obj)
+        reduced = None if kind == "DELETED" else self._reduce(obj)
+        if kind == "DELETED":
+            self._specs.pop((obj.get("metadata") or {}).get("uid"), None)
+            self.keys.discard(key)
+            self.objects.pop(key, None)
+        else:
+            self.keys.add(key)
+            self.objects[key] = obj
+        if reduced is None:
+            self.waiting.pop(key, None)
+        else:
+            self.waiting[key] = reduced
+
+    def wrote(self, read_version: str, written: dict) -> None:
+        """The operator wrote `written` (its status write's answer) over the version `read_version`
+        it had read: the store takes it now, unless the watch brought another version since. The
+        next reconcile then reads what was written, not the version before it, even before the
+        watch's echo arrives (that echo requests nothing: handlers.follow_inventory_jobs)."""
+        with self.lock:
+            seen = self.objects.get(_key(written))
+            if seen is not None and str((seen.get("metadata") or {}).get("resourceVersion")) == read_version:
+                self._put("MODIFIED", written)
 
 
 class WatchedInventory:
@@ -280,6 +339,9 @@ class WatchedInventory:
             *(Reflector(api, path, store, seconds=seconds, name=f"rltrainingjobs{i}")
               for i, (path, store) in enumerate(zip(job_paths, self.jobs_by_ns, strict=True))),
         ]
+        # namespace ("" for all) -> its jobs' store and that store's watch
+        self._job_stores = {ns: (store, reflector) for ns, store, reflector
+                            in zip(namespaces or [""], self.jobs_by_ns, self.reflectors[2:], strict=True)}
 
     def start(self) -> WatchedInventory:
         for reflector in self.reflectors:
@@ -301,6 +363,36 @@ class WatchedInventory:
             with store.lock:
                 keys.extend(store.keys)
         return keys
+
+    def _job_store(self, namespace: str) -> JobStore | None:
+        """The store of `namespace`'s jobs, once its watch has listed; None otherwise."""
+        found = self._job_stores.get(namespace) or self._job_stores.get("")
+        return found[0] if found is not None and found[1].synced.is_set() else None
+
+    def job_object(self, namespace: str, name: str) -> dict | None:
+        """The job as the job watch last saw it (or as this operator last wrote it); None when the
+        store does not hold it (not listed yet, or gone): the caller reads the API server."""
+        store = self._job_store(namespace)
+        if store is None:
+            return None
+        with store.lock:
+            return store.objects.get((namespace, name))
+
+    def job_pods(self, namespace: str, name: str) -> list[dict] | None:
+        """The job's pods (label rlkube.io/job=name, reduced) as the pod watch holds them; None
+        while a pod this operator created is not in the store yet (the ledger says so): a stale
+        list must not hide a gang just made, so the caller LISTs then."""
+        if not self.reflectors[1].synced.is_set():
+            return None
+        with self.pods.lock:
+            if self.ledger.awaits(namespace, name, self.pods.use.pods):
+                return None
+            return list((self.pods.by_job.get((namespace, name)) or {}).values())
+
+    def wrote_job(self, read_version: str, written: dict | None) -> None:
+        store = self._job_store(((written or {}).get("metadata") or {}).get("namespace") or "")
+        if written and store is not None:
+            store.wrote(read_version, written)
 
     def record(self, pods: list[dict]) -> None:
         self.ledger.record(pods)
@@ -386,6 +478,15 @@ class ListedInventory:
             cached = (taken, waiting_jobs(jobs))
             self._jobs[namespace] = cached
         return cached[1]
+
+    def job_object(self, namespace: str, name: str) -> dict | None:
+        return None  # nothing kept: the reconcile reads the API server
+
+    def job_pods(self, namespace: str, name: str) -> list[dict] | None:
+        return None
+
+    def wrote_job(self, read_version: str, written: dict | None) -> None:
+        """Nothing kept."""
 
     def record(self, pods: list[dict]) -> None:
         self.ledger.record(pods)

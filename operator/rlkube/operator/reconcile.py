@@ -1,8 +1,8 @@
 """One reconcile of one job: fetch, decide (pure), write. Synchronous; runs on a worker thread.
 
-`Reconciler.reconcile(namespace, name)` reads the job and its pods fresh from the API server
-(never from a cache, so a restarted operator decides on the same facts as the one before it),
-calls `lifecycle.decide`, takes the GPU inventory (cluster_state.py: kept by watches in the
+`Reconciler.reconcile(namespace, name)` reads the job and its pods from the inventory's watch
+stores where they answer safely, else fresh from the API server (cluster_state.py says when; a
+restarted operator's stores are listed before its first reconcile), calls `lifecycle.decide`, takes the GPU inventory (cluster_state.py: kept by watches in the
 operator) only when the decision needs it, and applies the decision in the order that keeps every crash recoverable:
 
 1. status (merge patch with the job's resourceVersion: a stale decision fails with Conflict and
@@ -28,7 +28,7 @@ from typing import Any
 from rlkube.operator import cleanup, kueue_workload, render
 from rlkube.operator.api import API_VERSION, KIND
 from rlkube.operator.cluster_state import ListedInventory, PlanningTurns, WatchedInventory
-from rlkube.operator.kubeapi import ApiError, KubeAPI, delete_configmap
+from rlkube.operator.kubeapi import ApiError, Conflict, KubeAPI, delete_configmap
 from rlkube.operator.lifecycle import Decision, Settings, decide
 from rlkube.operator.lifecycle.cluster import cluster_view_of
 from rlkube.operator.lifecycle.rejection import rejected
@@ -88,6 +88,7 @@ class Reconciler:
         self.progress = progress
         self._planning = PlanningTurns()  # oldest job first (cluster_state.py says why)
         self._own_versions: dict[tuple[str, str], str] = {}  # job -> resourceVersion of our last status write
+        self._read_fresh: set[tuple[str, str]] = set()  # jobs whose next reconcile reads the API, not the stores
         # The operator passes a started WatchedInventory (main.py); without one, listings.
         self.inventory = inventory if inventory is not None else ListedInventory(api)
         # Shared by every reconcile's creates and gate removals: at 16 reconciles at once, a 16-thread
@@ -113,9 +114,7 @@ class Reconciler:
         started = time.monotonic()
         action = "error"
         try:
-            # The job and its pods are read at once (two requests, one round trip).
-            listing = self._writers.submit(self.api.list_pods, namespace, f"{LABEL_JOB}={name}")
-            body = self.api.get_job(namespace, name)
+            body, listing = self._read(namespace, name)
             if body is None:
                 action = "gone"
                 self.metrics.forget_job(namespace, name)
@@ -140,8 +139,26 @@ class Reconciler:
             if decision.status is not None:
                 self.metrics.observe_job(namespace, name, job.status, decision.status, job.created)
             return decision
+        except Conflict:
+            self._read_fresh.add((namespace, name))  # the store may be behind: the retry reads the API
+            raise
         finally:
             self.metrics.observe_reconcile(action, time.monotonic() - started)
+
+    def _read(self, namespace: str, name: str) -> tuple[dict | None, Any]:
+        """The job and (a future of) its pods: from the inventory's watch stores where they answer
+        (cluster_state.py says when they do not), else from the API server, both at once (two
+        requests, one round trip)."""
+        fresh = (namespace, name) in self._read_fresh
+        self._read_fresh.discard((namespace, name))
+        pods = None if fresh else self.inventory.job_pods(namespace, name)
+        listing = concurrent.futures.Future()
+        if pods is None:
+            listing = self._writers.submit(self.api.list_pods, namespace, f"{LABEL_JOB}={name}")
+        else:
+            listing.set_result(pods)
+        body = None if fresh else self.inventory.job_object(namespace, name)
+        return body if body is not None else self.api.get_job(namespace, name), listing
 
     def _decide_and_apply(self, job: JobView, pods: list, objs: list[dict], now: dt.datetime,
                           report: Mapping[str, Any] | None, kueue: tuple[dict | None, int | None],
@@ -228,6 +245,7 @@ class Reconciler:
         if patch:
             written = self.api.patch_job_status(ns, name, job.resource_version, patch)
             self._own_versions[(ns, name)] = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
+            self.inventory.wrote_job(job.resource_version, written)
         if decision.workload is not None:
             self.api.create_workload(decision.workload)
         if decision.workload_status is not None:

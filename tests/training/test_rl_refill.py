@@ -141,7 +141,7 @@ def test_grpo_with_refill_trains(tmp_path):
 def test_decode_rows_above_the_rows_of_an_actor_gpu_are_refused(tmp_path, decode_rows):
     cfg = rl_config(tmp_path, "grpo", batching={"globalBatch": PROMPTS, "maxMicroBatch": 8, "mode": "fixed"},
                     training={"groupSize": GROUP}, rollout={"decodeRows": decode_rows})
-    with pytest.raises(ValueError, match=r"rollout.decodeRows: must be <= the 24 rows each actor GPU"):
+    with pytest.raises(ValueError, match=r"rollout.decodeRows: must be <= the rows each actor GPU .*\(24 rows / 1 GPUs, got 25\)"):
         RuntimeConfig.model_validate(cfg)
 
 

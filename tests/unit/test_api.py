@@ -58,27 +58,27 @@ def test_runtime_config_round_trips_through_camel_case_yaml():
 @pytest.mark.parametrize(
     "data, path, fragment",
     [
-        (spec(roles=roles(actor={"gpus": 0})), "spec.roles.actor.gpus", ">= 1, got 0"),
+        (spec(roles=roles(actor={"gpus": 0})), "spec.roles.actor.gpus", ">= 1 (the actor trains and generates on GPUs of its own), got 0"),
         (spec(roles=roles(actor={"gpus": -2})), "spec.roles.actor.gpus", ">= 0, got -2"),
         (spec(roles=roles(actor={"gpus": 2}, judge={"gpus": 1})), "spec.roles.judge", "valid fields: actor"),
         (spec(roles=roles(actor={"gpus": 1}, reference={"colocateWith": "reference"})),
          "spec.roles.reference.colocateWith", "itself"),
         (spec(roles=roles(actor={"gpus": 1}, reference={"colocateWith": "critic"})),
-         "spec.roles.reference.colocateWith", "not set"),
-        (spec("ppo", roles=roles(actor={"gpus": 1}, critic={"colocateWith": "reward"},
-                                 reward={"colocateWith": "critic"})),
-         "spec.roles.critic.colocateWith", "cycle critic -> reward -> critic"),
+         "spec.roles.reference.colocateWith", "must name a role that is set: got 'critic'"),
         (spec(roles=roles(actor={"gpus": 1}, critic={"gpus": 1})), "spec.roles.critic", "only ppo"),
         (spec("ppo", roles=roles(actor={"gpus": 1}, reward={"gpus": 0, "function": REWARD_FUNCTION})),
          "spec.roles.critic", "needs a critic"),
-        (spec("grpo", roles=roles(actor={"gpus": 1})), "spec.roles.reward", "needs a reward"),
+        (spec("grpo", roles=roles(actor={"gpus": 1})), "spec.roles.reward", "need a reward role (a model or a function), algorithm is grpo"),
         (spec("grpo", roles=roles(actor={"gpus": 1}, reward={"gpus": 1})), "spec.roles.reward", "function"),
         (spec("grpo", training={"kl": 0.1}, roles=roles(actor={"gpus": 1}, reward={"gpus": 0, "function": REWARD_FUNCTION})),
          "spec.training.kl", "needs roles.reference"),
-        (spec("grpo", training={"groupSize": 1}), "spec.training.groupSize", ">= 2 completions per prompt, got 1"),
-        (spec("grpo", rollout={"temperature": 0.0}), "spec.rollout.temperature", "needs > 0, got 0"),
+        (spec("grpo", training={"groupSize": 1}), "spec.training.groupSize", "grpo needs >= 2 completions per prompt: advantages are rewards relative to the group's mean, so a "
+         "group of one learns nothing (got 1)"),
+        (spec("grpo", rollout={"temperature": 0.0}), "spec.rollout.temperature", "grpo needs > 0: greedy decoding makes every completion of a group the "
+         "same, so every advantage is 0 (got 0)"),
         (spec("ppo", batching={"maxTokensPerGpu": 4096}), "spec.batching.maxTokensPerGpu",
-         "accept only 16384 (leave it unset), got 4096: PPO/GRPO micro-batches are batching.maxMicroBatch rows"),
+         "accept only 16384 (leave it unset): PPO/GRPO micro-batches are batching.maxMicroBatch rows; the adaptive "
+         "batcher's token budget is DPO's (got 4096)"),
         (spec("grpo", data={"source": "s", "format": "synthetic", "prefetch": 4}), "spec.data.prefetch",
          "accept only 2 or 0"),
         (spec(roles=roles(actor={"gpus": 3}), placement={"gpusPerPod": 2}),
@@ -100,6 +100,16 @@ def test_rejected_with_path_and_what_is_valid(data, path, fragment):
     errors = api.spec_errors(data)
     assert [error.path for error in errors] == [path], errors
     assert fragment in errors[0].message
+
+
+def test_a_colocation_cycle_is_reported_on_every_role_in_it_with_the_chain():
+    errors = api.spec_errors(spec("ppo", roles=roles(actor={"gpus": 1}, critic={"colocateWith": "reward"},
+                                                     reward={"colocateWith": "critic"})))
+    assert [(error.path, error.message.rpartition(": ")[2]) for error in errors] == [
+        ("spec.roles.critic.colocateWith", "critic -> reward -> critic"),
+        ("spec.roles.reward.colocateWith", "reward -> critic -> reward"),
+    ]
+    assert all("must end at a role with gpus (no cycles)" in error.message for error in errors)
 
 
 def test_every_field_error_is_reported_at_once():

@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 from crd_checker import admit, names
+from pydantic import ValidationError
+from verdicts import RUNTIME_SECTIONS
 
 from rlkube.operator import cli, crd
 from rlkube.operator.cli import load_documents
+from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.contract.field_path import field_path
+from rlkube.runtime.contract.model_types import model_type_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = crd.crd_manifest()
@@ -33,6 +38,39 @@ NOT_BY_THE_SCHEMA = {
     "metadata-label-key-two-slashes": "the API server checks label keys itself, before any schema",
     "metadata-annotation-key-space": "the API server checks annotation keys itself, before any schema",
 }
+
+
+# The third door: the trainer's own config (run.yaml is the spec's runtime sections), which
+# refuses a bad manifest whose field lies in those sections, except these, which are the
+# operator's alone.
+OPERATOR_ONLY = {
+    **dict.fromkeys(
+        ["data-eval-relative", "data-source-relative", "data-source-uri", "model-path-dot-relative",
+         "model-path-relative", "reference-model-path-relative", "tokenizer-relative"],
+        "paths in the pod are absolute (validation.paths); a trainer on a workstation reads relative ones",
+    ),
+    **dict.fromkeys(
+        ["fused-logprobs-string", "global-batch-string", "gpus-bool", "gpus-integral-float", "gpus-quoted-number",
+         "gradient-checkpointing-string", "scale-rewards-string", "skip-invalid-string", "snake-case-field",
+         "steps-integral-float"],
+        "the operator parses a manifest strictly, as the API server does; the trainer reads the run.yaml the "
+        "operator renders, or a hand-written one, with pydantic's lax parsing and Python field names",
+    ),
+}
+
+
+def runtime_error_paths(spec: dict) -> list[str]:
+    """The trainer's verdict on a spec's runtime sections: its config model, then the model types
+    it checks before loading (runtime/cli.py); 'spec.'-prefixed field paths of the problems."""
+    try:
+        config = RuntimeConfig.model_validate({key: spec[key] for key in RUNTIME_SECTIONS if key in spec})
+    except ValidationError as exc:
+        return [
+            "spec." + ".".join(part for part in (field_path(error["loc"]), line.split(": ")[0]) if part)
+            for error in exc.errors()
+            for line in error["msg"].removeprefix("Value error, ").splitlines()
+        ]
+    return ["spec." + problem.split(": ")[0] for problem in model_type_problems(config)]
 
 
 def expected_path(path: Path) -> str:
@@ -71,6 +109,33 @@ def test_bad_manifest_is_refused_by_both_with_its_field_path(path, capsys):
     else:
         assert crd_errors, f"{path.name}: the CRD admits what rlkube validate refuses"
         assert any(names(error, expect) for error in crd_errors), (expect, crd_errors)
+
+
+RUNTIME_BAD = [
+    path for path in BAD
+    if expected_path(path).removeprefix("spec.").split(".")[0].split("[")[0] in RUNTIME_SECTIONS
+]
+
+
+def test_the_operator_only_list_names_bad_manifests():
+    assert set(OPERATOR_ONLY) <= {path.stem for path in RUNTIME_BAD}
+
+
+@pytest.mark.parametrize("path", RUNTIME_BAD, ids=lambda p: p.stem)
+def test_bad_manifest_in_the_runtime_sections_is_refused_by_the_trainer_too(path):
+    """Rules the trainer applies (roles, colocation, what an algorithm takes and cannot honour)
+    are written once in its contract; the trainer's verdict is the other doors'."""
+    expect = expected_path(path)
+    errors = runtime_error_paths(load_documents(path.read_text(encoding="utf-8"))[0]["spec"])
+    if path.stem in OPERATOR_ONLY:
+        assert not any(expect in error for error in errors), "listed as operator-only, but the trainer refuses it"
+    else:
+        assert any(expect in error for error in errors), (expect, errors)
+
+
+@pytest.mark.parametrize("path", GOOD + EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_good_manifest_is_accepted_by_the_trainer(path):
+    assert runtime_error_paths(load_documents(path.read_text(encoding="utf-8"))[0]["spec"]) == []
 
 
 @pytest.mark.parametrize("path", GOOD + EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")

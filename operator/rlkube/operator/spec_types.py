@@ -49,7 +49,6 @@ from rlkube.runtime.contract.config import (
     Spec,
     TrainingSpec,
     device_map,
-    validate_algorithm_roles,
 )
 from rlkube.runtime.contract.pod import (
     EXIT_CONFIG,
@@ -412,17 +411,7 @@ class RLTrainingJobSpec(Spec):
     def _cross_field(self) -> RLTrainingJobSpec:
         # Every problem on its own line, each starting with its path, so the user sees them all
         # at once (the error formatter splits the lines and prefixes the location).
-        problems: list[str] = []
-        try:
-            validate_algorithm_roles(self.algorithm, self.roles)
-        except ValueError as exc:
-            problems.append(str(exc))
-        for name, role in self.roles.present().items():
-            if role.function is not None and name != "reward":
-                problems.append(f"roles.{name}.function: only the reward role takes a function")
-            if role.function is not None and role.model is not None:
-                problems.append(f"roles.{name}: set model or function, not both")
-        problems.extend(algorithm_setting_problems(self))
+        problems = algorithm_setting_problems(self)
         problems.extend(spec_problems(self))
         total = self.total_gpus()
         if total < 1:

@@ -2,53 +2,63 @@
 
 Two doors lead to a cluster, `rlkube validate` (and the operator, which parses every job with the
 same pydantic types) and the API server (the CRD's schema and its CEL rules,
-`x-kubernetes-validations`). Both read their rules from this package, so a manifest gets one
-verdict: tests/unit/test_corpus_verdicts.py runs tests/data/bad and tests/data/good through both
-(the API server modelled by tests/unit/crd_checker.py), tests/integration/test_corpus_admission.py
-through a real kube-apiserver.
+`x-kubernetes-validations`). Both read their rules from this package (and through it from the
+runtime's contract), so a manifest gets one verdict: tests/unit/test_corpus_verdicts.py runs
+tests/data/bad and tests/data/good through both (the API server modelled by
+tests/unit/crd_checker.py) and through the trainer's own config, tests/integration/
+test_corpus_admission.py through a real kube-apiserver.
 
 A rule has a Python half and, where the API server can check it, a CEL half with the same field
-path at the start of its message. The rule modules hold both halves side by side:
+path at the start of its message. Where both halves sit on one object they are one `Rule`
+(message, CEL, and the Python check as `broken`; `rlkube.runtime.contract.rule`), so they cannot
+drift; the spec-wide rules of the operator keep a Python function and a CEL builder side by side,
+sharing their message text.
 
-- `roles`: which roles an algorithm takes, colocation, GPU sums, a colocated critic's split
-- `settings`: what the algorithm cannot honour (the CEL of runtime/contract/algorithm_settings.py)
+The rules the trainer applies to its own config too are written once, as `Rule`s, in the
+runtime's contract (the runtime never imports the operator; the operator may import the
+contract): a section's own rules (`contract.config`: one model source, gpus or colocateWith, the
+micro-batch bounds, one eval source), the roles (`contract.role_rules`: the actor's GPUs,
+colocation chains, adapters and functions, the reward's source), what an algorithm takes and
+cannot honour (`contract.algorithm_settings`: roles per algorithm, KL, GRPO groups, sequence
+lengths, batch splits over ranks and mini-batches, decodeRows, the DPO-only fields) and the model
+types (`contract.model_types`, whose CEL twin is the enum declared in the CRD). The trainer runs
+their Python half; this package puts their CEL into the CRD (`MODEL_RULES` below).
+
+The operator's own rule modules:
+
+- `roles`: the roles' GPUs make whole pods
 - `elastic`: the elastic range and every size's mini-batch split
 - `paths`: absolute paths in the pod, normal forms, mounts and volume names the pod keeps for itself
 - `pod`: requests within limits, label keys, tolerations, the security context
-- `sections`: rules inside one section (exactly one model source, ...) and the model types
+- `sections`: rules inside the operator's sections (elastic, run policy), integers, immutability,
+  and the model config's declared schema
 - `metadata`: label and annotation keys and values, which the API server checks itself before any
   schema (Python only: a CRD can add no rule to metadata)
 
-Where a rule's two halves sit on the same object they are one `rule.Rule` (message, CEL, and the
-Python check as `broken`), and the section's validator runs it (`rule.check`); the spec-wide
-rules keep a Python function and a CEL builder side by side, sharing their message text.
-
-The rules the trainer also applies to its own config (roles, algorithm settings, a section's own
-validator) have their Python half in `rlkube.runtime.contract` (the runtime never imports the
-operator); their CEL is here, next to a docstring naming the Python half.
-
-Adding a rule: write its Python check in the rule module of its concept (or in the runtime's
-contract when the trainer must apply it too), returning 'path: what would be valid' lines; call it
-from the `problems` function below (or the model's validator); write its CEL with `cel.rule(...)`
-in the same module, message starting with the same path; add it to `MODEL_RULES` or `FIELD_RULES`
-below; add a manifest to tests/data/bad whose first line is '# expect: spec.<path>'; then
-`make crds chart-crds`.
+Adding a rule: a `Rule` in the contract when the trainer must apply it too (run by the model's
+validator, or listed in `algorithm_settings.SPEC_RULES`), else in the rule module of its concept
+here (a `Rule`, or a function returning 'path: what would be valid' lines called from
+`spec_problems` below with its CEL written with `cel.rule(...)`, message starting with the same
+path); add it to `MODEL_RULES` or `FIELD_RULES` below; add a manifest to tests/data/bad whose first
+line is '# expect: spec.<path>'; then `make crds chart-crds`. tests/unit/test_contract_rules.py
+checks each contract rule's two halves against each other.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlkube.operator.validation import elastic, paths, pod, roles, rule, sections, settings
+from rlkube.operator.validation import elastic, paths, pod, roles, rule, sections
+from rlkube.runtime.contract import algorithm_settings, config, model_types, role_rules
 
 # CEL rules on the object of a pydantic model (they follow the model wherever the CRD generator
 # inlines it), by model name.
 MODEL_RULES: dict[str, list[dict]] = {
-    "ModelSpec": [*sections.MODEL_CEL, *paths.MODEL_PATH_CEL],
-    "RoleSpec": sections.ROLE_CEL,
-    "RolesSpec": roles.roles_cel(),
-    "BatchingSpec": sections.BATCHING_CEL,
-    "DataSpec": [*sections.DATA_CEL, *paths.DATA_PATH_CEL],
+    "ModelSpec": [*rule.crd(config.MODEL_SOURCE), *paths.MODEL_PATH_CEL],
+    "RoleSpec": rule.crd(config.ROLE_SOURCE),
+    "RolesSpec": rule.crd(role_rules.ROLES_RULES),
+    "BatchingSpec": rule.crd(config.MICRO_BATCH_BOUNDS),
+    "DataSpec": [*rule.crd(config.EVAL_SOURCE), *paths.DATA_PATH_CEL],
     "ElasticSpec": rule.crd(sections.ELASTIC),
     "VolumeSpec": paths.volume_cel(),
     "CheckpointSpec": paths.dir_cel("checkpoint.dir"),
@@ -58,9 +68,8 @@ MODEL_RULES: dict[str, list[dict]] = {
     "PodSecurity": rule.crd(pod.SECURITY),
     "RLTrainingJobSpec": [
         *roles.spec_roles_cel(),
-        roles.colocated_critic_cel(),
+        *rule.crd(algorithm_settings.SPEC_RULES),
         *elastic.elastic_cel(),
-        *settings.algorithm_settings_cel(),
         *paths.mount_path_cel(),
     ],
 }
@@ -91,8 +100,7 @@ def spec_problems(spec: Any) -> list[str]:
     return [
         *paths.mount_path_problems(spec.checkpoint.dir, spec.export.dir, [v.mount_path for v in spec.volumes]),
         *paths.path_problems(spec.checkpoint.dir, spec.export.dir),
-        *sections.model_type_problems(spec),
+        *model_types.model_type_problems(spec),
         *paths.source_path_problems(spec),
-        *roles.colocated_critic_problems(spec),
         *elastic.elastic_split_problems(spec),
     ]

@@ -11,8 +11,10 @@ from __future__ import annotations
 from math import lcm
 from typing import Any
 
-from rlkube.operator.validation.cel import ONLINE, gpus_per_pod, mini_batches, rows, rule, total_gpus
+from rlkube.operator.validation.cel import gpus_per_pod, rule, total_gpus
+from rlkube.runtime.contract.algorithm_settings import step_rows
 from rlkube.runtime.contract.config import BatchingSpec, TrainingSpec
+from rlkube.runtime.contract.spec_cel import ONLINE, mini_batches, rows
 
 # The CEL of the split rule unrolls this many sizes. A wider range can never pass: its sizes
 # include a multiple of every number up to its width, so a mini-batch splitting over all of them
@@ -37,17 +39,16 @@ def elastic_split_problems(spec: Any) -> list[str]:
     does not when it is restarted at it."""
     if spec.elastic is None or spec.algorithm not in ("ppo", "grpo"):
         return []
-    group = spec.training.group_size if spec.algorithm == "grpo" else 1
-    step_rows, minis = spec.batching.global_batch * group, spec.training.mini_batches
-    if step_rows % minis:
+    rows_per_step, minis = step_rows(spec), spec.training.mini_batches
+    if rows_per_step % minis:
         return []  # refused as training.miniBatches
     per_pod, low, high = spec.placement.gpus_per_pod, spec.elastic.min_workers, spec.elastic.max_workers
-    uneven = [pods for pods in range(low, high + 1) if (step_rows // minis) % (pods * per_pod)]
+    uneven = [pods for pods in range(low, high + 1) if (rows_per_step // minis) % (pods * per_pod)]
     if not uneven:
         return []
     shown = ", ".join(map(str, uneven[:8])) + (", ..." if len(uneven) > 8 else "")
     return [
-        f"elastic: a mini-batch of {step_rows // minis} rows (globalBatch x groupSize / miniBatches) must split "
+        f"elastic: a mini-batch of {rows_per_step // minis} rows (globalBatch x groupSize / miniBatches) must split "
         f"evenly over the actor's GPUs at every size in [minWorkers, maxWorkers] = [{low}, {high}] pods of "
         f"{per_pod} GPUs, as at full size; it does not at {shown} pods (the trainer would refuse the job "
         "when it shrinks or grows to them)"
@@ -57,10 +58,10 @@ def elastic_split_problems(spec: Any) -> list[str]:
 def elastic_cel() -> list[dict]:
     """CEL on the spec; the first three are the twins of RLTrainingJobSpec._elastic_problems."""
     total, per_pod = total_gpus(), gpus_per_pod()
-    step_rows, minis = rows(), mini_batches()
+    rows_cel, minis = rows(), mini_batches()
     low, high = "self.elastic.minWorkers", "self.elastic.maxWorkers"
     sizes = " && ".join(
-        f"({low} + {i} > {high} || ({step_rows} / {minis}) % (({low} + {i}) * {per_pod}) == 0)"
+        f"({low} + {i} > {high} || ({rows_cel} / {minis}) % (({low} + {i}) * {per_pod}) == 0)"
         for i in range(ELASTIC_SIZES_CHECKED)
     )
     others = " && ".join(
@@ -75,6 +76,6 @@ def elastic_cel() -> list[dict]:
         rule(f"!has(self.elastic) || {others}",
              "elastic: only the actor's data-parallel group resizes; the other roles must "
              "colocateWith the actor or have gpus: 0", ".elastic"),
-        rule(f"!has(self.elastic) || !{ONLINE} || {per_pod} < 1 || {step_rows} % {minis} != 0 || "
+        rule(f"!has(self.elastic) || !{ONLINE} || {per_pod} < 1 || {rows_cel} % {minis} != 0 || "
              f"({high} - {low} < {ELASTIC_SIZES_CHECKED} && {sizes})", ELASTIC_SPLIT, ".elastic"),
     ]

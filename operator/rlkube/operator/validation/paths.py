@@ -18,7 +18,7 @@ from typing import Any
 
 from rlkube.operator.validation.cel import rule
 from rlkube.operator.validation.rule import Rule, when
-from rlkube.operator.validation.sections import spec_models
+from rlkube.runtime.contract.model_types import spec_models
 from rlkube.runtime.contract.pod import CONFIG_DIR
 
 SHM_DIR = "/dev/shm"

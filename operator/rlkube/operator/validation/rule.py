@@ -1,55 +1,12 @@
-"""`Rule`: one validation rule written once, its Python check and its CEL on the same object, with
-one message both doors print."""
+"""`Rule`, the one shape of a rule with a Python check and a CEL twin on the same object.
+
+It lives in the runtime's contract (`rlkube.runtime.contract.rule`), because the rules the trainer
+also applies are written there and the runtime never imports the operator; the operator's own
+rules (pod, paths, elastic) use the same class from here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from rlkube.runtime.contract.rule import Rule, check, crd, problems, when
 
-from rlkube.operator.validation.cel import rule
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rule on the object of one pydantic model (a section of the spec, a volume, ...).
-
-    `message` starts with the field path relative to that object ('value: must be empty when
-    operator is Exists'); the API server prints it as written, `rlkube validate` prints it with
-    what `broken` adds (the values it saw: ' (4), got 8'). `cel` holds when the object is valid;
-    `broken` is its Python twin: None when the object is valid, else the detail ('' for none).
-    """
-
-    message: str
-    cel: str
-    broken: Callable[[Any], str | None]
-    field_path: str | None = None
-
-    def crd(self) -> dict:
-        """The rule as an `x-kubernetes-validations` entry."""
-        return rule(self.cel, self.message, self.field_path)
-
-    def problem(self, obj: Any) -> str | None:
-        detail = self.broken(obj)
-        return None if detail is None else self.message + detail
-
-
-def problems(rules: Iterable[Rule], obj: Any) -> list[str]:
-    """The messages of the rules `obj` breaks, in the rules' order."""
-    return [problem for each in rules if (problem := each.problem(obj)) is not None]
-
-
-def check(rules: Iterable[Rule], obj: Any) -> None:
-    """Raise one ValueError listing every rule `obj` breaks, a line each (for a model validator)."""
-    found = problems(rules, obj)
-    if found:
-        raise ValueError("\n".join(found))
-
-
-def crd(rules: Iterable[Rule]) -> list[dict]:
-    return [each.crd() for each in rules]
-
-
-def when(condition: bool, detail: str = "") -> str | None:
-    """`broken`'s answer: `detail` when `condition` (the rule is broken), else None."""
-    return detail if condition else None
+__all__ = ["Rule", "check", "crd", "problems", "when"]

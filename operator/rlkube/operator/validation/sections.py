@@ -1,28 +1,22 @@
 """Rules within one section of the spec (a model, a role, batching, data, elastic, run policy),
 and the model types rlkube trains.
 
-The Python half of most is the section's own pydantic validator (`ModelSpec._one_source`,
-`RoleSpec._gpus_or_colocate`, `BatchingSpec._bounds`, `DataSpec._one_eval_source` in the runtime's
-contract; `ElasticSpec`, `RunPolicySpec` in `spec_types`); the CEL is here. A model given by
+The rules of the sections the trainer reads too (a model's one source, a role's gpus or
+colocateWith, the micro-batch bounds, one eval source) are `Rule`s in the runtime's contract
+(`rlkube.runtime.contract.config`), Python and CEL together; the rest (`ElasticSpec`,
+`RunPolicySpec`, the integer fields) have their CEL here and their Python in `spec_types`. A model given by
 `config` names a `model_type` rlkube trains (`SUPPORTED_MODEL_TYPES`): the CRD declares
-`model_type` with its enum inside the otherwise free-form config, and `model_type_problems` is the
-Python half. A model given by `path` has its config.json read in the pod (runtime/cli.py: exit 3
+`model_type` with its enum inside the otherwise free-form config, and the contract's
+`model_types.model_type_problems` is the Python half. A model given by `path` has its config.json read in the pod (runtime/cli.py: exit 3
 naming the field).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from rlkube.operator.validation.cel import rule
 from rlkube.operator.validation.rule import Rule, when
-from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES, model_type_problem
+from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES
 
-MODEL_CEL = [rule("has(self.path) != has(self.config)", "exactly one of path and config must be set")]
-ROLE_CEL = [rule("has(self.gpus) != has(self.colocateWith)", "exactly one of gpus and colocateWith must be set")]
-BATCHING_CEL = [rule("self.maxMicroBatch >= self.minMicroBatch", "maxMicroBatch: must be >= minMicroBatch",
-                     ".maxMicroBatch")]
-DATA_CEL = [rule("!has(self.eval) || !has(self.evalFraction)", "eval: set eval or evalFraction, not both", ".eval")]
 ELASTIC = (
     Rule("maxWorkers: must be >= minWorkers", "self.maxWorkers >= self.minWorkers",
          lambda e: when(e.max_workers < e.min_workers, f" ({e.min_workers}), got {e.max_workers}"), ".maxWorkers"),
@@ -44,22 +38,7 @@ def immutable(field: str) -> list[dict]:
 
 
 # -- model types ----------------------------------------------------------------------------------
-
-
-def spec_models(spec: Any) -> dict[str, Any]:
-    """The spec's models by field path: the actor's and each role's own."""
-    roles = {f"roles.{name}.model": role.model for name, role in spec.roles.present().items() if role.model}
-    return {"model": spec.model, **roles}
-
-
-def model_type_problems(spec: Any) -> list[str]:
-    return [
-        f"{where}.config.model_type: {problem}"
-        for where, model in spec_models(spec).items()
-        if model.config is not None and "model_type" in model.config
-        and (problem := model_type_problem(model.config["model_type"]))
-    ]
-
+# The Python half is the contract's `model_types.model_type_problems` (the trainer runs it too).
 
 # Declared inside the free-form model config, so the API server checks it (it cannot look at an
 # undeclared field).

@@ -1,20 +1,29 @@
-"""Settings the chosen algorithm cannot honour, refused when the config is validated.
+"""What the chosen algorithm takes and cannot honour: rules on the whole spec, each written once.
 
-One table and one function serve the runtime (`RuntimeConfig`, so the trainer refuses them at
-start with exit 3) and the operator (`RLTrainingJobSpec`, so `rlkube validate` refuses them);
-`rlkube.operator.crd` builds the CRD's CEL rules from the same table and defaults, so the API
-server gives the same verdict at admission.
+Each rule is a `Rule` on the spec (a `RuntimeConfig`, or the operator's `RLTrainingJobSpec`, which
+embeds the same sections): its Python half refuses the trainer's config at start (exit 3) and the
+job in `rlkube validate` and the operator; its CEL half (spelled with `spec_cel`, on the CRD's
+spec object) refuses it at admission. Messages are relative to the spec ('training.kl: ...').
 
 The rules:
-- The reward role of PPO/GRPO has a function or a model.
+- Which roles an algorithm takes (`ALGORITHM_ROLES`): only PPO has a critic and needs one;
+  PPO/GRPO need a reward role, DPO/KTO learn from fixed data and refuse one. (Which role takes a
+  function, and the reward role's source, are `role_rules.SOURCE_RULES`, reported with these.)
 - PPO/GRPO with training.kl > 0 need a reference role (the trainer would have nothing to take
   the KL to). DPO never reads training.kl.
-- GRPO needs groupSize >= 2 and a temperature > 0: its advantages are rewards relative to the
-  group's mean, so a group of one, or a group of identical greedy completions, learns nothing.
-  PPO has no groups and may roll out greedily.
 - PPO/GRPO with training.kl > 0 refuse klEstimator k1 where the KL is a loss term (GRPO always,
   PPO unless klInReward): k1's expected gradient on the policy's own samples is 0, so the KL
   would be logged but never pull the policy to the reference (algorithms/ppo.py kl_divergence).
+- GRPO needs groupSize >= 2 and a temperature > 0: its advantages are rewards relative to the
+  group's mean, so a group of one, or a group of identical greedy completions, learns nothing.
+  PPO has no groups and may roll out greedily.
+- PPO/GRPO: maxNewTokens leaves a prompt token and BOS within maxSeqLen.
+- PPO/GRPO: a step's rows (globalBatch x groupSize) split evenly over the ranks of every role with
+  GPUs of its own and over training.miniBatches, and each mini-batch over the actor's and the
+  critic's ranks (the trainer's own check at start, moved to validation), a colocated critic's
+  being those of the role it shares. Other colocated roles share their owner's ranks, which are
+  checked as the owner's. An elastic job is checked at its full size here (the operator checks
+  every size of its range).
 - PPO/GRPO: rollout.decodeRows is at most the rows each actor GPU generates per step (more rows
   than completions would leave rows that never decode; the setting would do nothing).
 - PPO/GRPO refuse values of the DPO-only data and batching fields (`DPO_ONLY_FIELDS`) other
@@ -28,7 +37,26 @@ from typing import Any, Literal, Protocol
 
 from pydantic.alias_generators import to_camel
 
-from rlkube.runtime.contract.config import BatchingSpec, DataSpec, RolesSpec, RolloutSpec, TrainingSpec
+from rlkube.runtime.contract import role_rules
+from rlkube.runtime.contract.config import (
+    BatchingSpec,
+    DataSpec,
+    RolesSpec,
+    RolloutSpec,
+    TrainingSpec,
+    device_map,
+)
+from rlkube.runtime.contract.rule import Rule, problems, when
+from rlkube.runtime.contract.spec import ROLE_NAMES
+from rlkube.runtime.contract.spec_cel import (
+    OFFLINE,
+    ONLINE,
+    literal,
+    mini_batches,
+    role_gpus,
+    rows,
+    spec_field,
+)
 
 
 class AlgorithmSettings(Protocol):
@@ -40,6 +68,162 @@ class AlgorithmSettings(Protocol):
     batching: BatchingSpec
     training: TrainingSpec
     rollout: RolloutSpec
+
+
+# Algorithms that learn from fixed preference data (DPO's pairs, KTO's labelled completions) with
+# the DPO trainer's machinery: no reward role, no rollouts, and the DPO-only fields apply to them.
+OFFLINE_ALGORITHMS = ("dpo", "kto")
+
+
+def online(spec: AlgorithmSettings) -> bool:
+    return spec.algorithm not in OFFLINE_ALGORITHMS
+
+
+def step_rows(spec: AlgorithmSettings) -> int:
+    """The rows of a PPO/GRPO step (globalBatch x groupSize for GRPO); `spec_cel.rows` in CEL."""
+    return spec.batching.global_batch * (spec.training.group_size if spec.algorithm == "grpo" else 1)
+
+
+def own_gpus(spec: AlgorithmSettings, name: str) -> int:
+    """A role's own gpus, 0 when the role or its gpus is unset; `spec_cel.role_gpus` in CEL."""
+    role = getattr(spec.roles, name)
+    return (role.gpus or 0) if role is not None else 0
+
+
+def kl_is_loss_term(algorithm: str, training: TrainingSpec) -> bool:
+    """The KL goes into the actor's loss rather than the reward: GRPO always (it has no per-token
+    rewards), PPO unless training.klInReward."""
+    return algorithm == "grpo" or (algorithm == "ppo" and not training.kl_in_reward)
+
+
+ALGORITHM_ROLES = (
+    Rule("roles.critic: only ppo uses a critic", "self.algorithm == 'ppo' || !has(self.roles.critic)",
+         lambda s: when(s.algorithm != "ppo" and s.roles.critic is not None, f", algorithm is {s.algorithm}"),
+         ".roles.critic"),
+    Rule("roles.critic: ppo needs a critic role", "self.algorithm != 'ppo' || has(self.roles.critic)",
+         lambda s: when(s.algorithm == "ppo" and s.roles.critic is None), ".roles"),
+    Rule("roles.reward: ppo and grpo need a reward role (a model or a function)",
+         f"{OFFLINE} || has(self.roles.reward)",
+         lambda s: when(online(s) and s.roles.reward is None, f", algorithm is {s.algorithm}"), ".roles"),
+    Rule("roles.reward: dpo and kto learn from preference data and use no reward role",
+         f"!{OFFLINE} || !has(self.roles.reward)",
+         lambda s: when(not online(s) and s.roles.reward is not None, f", algorithm is {s.algorithm}"),
+         ".roles.reward"),
+)
+
+_KL, _ESTIMATOR = spec_field("training", TrainingSpec, "kl"), spec_field("training", TrainingSpec, "kl_estimator")
+_NEW_TOKENS = spec_field("rollout", RolloutSpec, "max_new_tokens")
+
+SETTINGS = (
+    Rule("training.kl: > 0 needs roles.reference, the frozen policy the KL is taken to: add "
+         "reference: {colocateWith: actor}, or set kl to 0",
+         f"{OFFLINE} || {_KL} == 0.0 || has(self.roles.reference)",
+         lambda s: when(online(s) and s.training.kl > 0 and s.roles.reference is None, f" (kl is {s.training.kl})"),
+         ".training.kl"),
+    Rule("training.klEstimator: k1 cannot be a loss term (training.kl > 0, grpo or ppo with klInReward "
+         "false): its expected gradient on the policy's own samples is 0, so it never pulls the policy "
+         "to the reference; use k3 (or k2), or with ppo set klInReward",
+         f"!{ONLINE} || {_KL} == 0.0 || {_ESTIMATOR} != 'k1' || "
+         f"(self.algorithm == 'ppo' && {spec_field('training', TrainingSpec, 'kl_in_reward')})",
+         lambda s: when(online(s) and s.training.kl > 0 and s.training.kl_estimator == "k1"
+                        and kl_is_loss_term(s.algorithm, s.training)),
+         ".training.klEstimator"),
+    Rule("training.groupSize: grpo needs >= 2 completions per prompt: advantages are rewards "
+         "relative to the group's mean, so a group of one learns nothing",
+         f"self.algorithm != 'grpo' || {spec_field('training', TrainingSpec, 'group_size')} >= 2",
+         lambda s: when(s.algorithm == "grpo" and s.training.group_size < 2, f" (got {s.training.group_size})"),
+         ".training.groupSize"),
+    Rule("rollout.temperature: grpo needs > 0: greedy decoding makes every completion of a group "
+         "the same, so every advantage is 0",
+         f"self.algorithm != 'grpo' || {spec_field('rollout', RolloutSpec, 'temperature')} != 0.0",
+         lambda s: when(s.algorithm == "grpo" and s.rollout.temperature == 0, " (got 0)"), ".rollout.temperature"),
+    # The prompt gets maxSeqLen - maxNewTokens - 1 tokens (one for BOS; data/prompts.py).
+    Rule("rollout.maxNewTokens: must be <= data.maxSeqLen - 2: a prompt, its BOS token and its completion "
+         "share maxSeqLen tokens, so no prompt token would be left",
+         f"!{ONLINE} || {_NEW_TOKENS} + 2 <= {spec_field('data', DataSpec, 'max_seq_len')}",
+         lambda s: when(online(s) and s.rollout.max_new_tokens + 2 > s.data.max_seq_len,
+                        f" (data.maxSeqLen - 2 = {s.data.max_seq_len - 2}, got {s.rollout.max_new_tokens})"),
+         ".rollout.maxNewTokens"),
+)
+
+
+def _rows_over_role(name: str) -> Rule:
+    return Rule(
+        f"batching.globalBatch: the rows per step (globalBatch x groupSize) must split evenly over the GPUs "
+        f"of role {name}",
+        f"!{ONLINE} || {role_gpus(name)} == 0 || {rows()} % {role_gpus(name)} == 0",
+        lambda s: when(online(s) and own_gpus(s, name) > 0 and step_rows(s) % own_gpus(s, name) != 0,
+                       f" ({step_rows(s)} rows, {own_gpus(s, name)} GPUs)"),
+        ".batching",
+    )
+
+
+def _mini_batch_over_role(name: str) -> Rule:
+    def broken(s: Any) -> str | None:
+        per_mini = step_rows(s) // s.training.mini_batches
+        uneven = step_rows(s) % s.training.mini_batches == 0 and own_gpus(s, name) and per_mini % own_gpus(s, name)
+        return when(online(s) and bool(uneven), f" ({per_mini} rows, {own_gpus(s, name)} GPUs)")
+
+    return Rule(
+        f"training.miniBatches: a mini-batch (rows per step / miniBatches) must split evenly over the GPUs of "
+        f"role {name}",
+        f"!{ONLINE} || {rows()} % {mini_batches()} != 0 || {role_gpus(name)} == 0 || "
+        f"({rows()} / {mini_batches()}) % {role_gpus(name)} == 0",
+        broken,
+        ".training",
+    )
+
+
+def group_gpus_cel(name: str, visited: frozenset[str] = frozenset()) -> str:
+    """CEL: the GPUs of the group role `name` runs on (device_map's ranks): its own gpus, the
+    actor's for gpus 0, else those of the role colocateWith leads to; 0 where a role is missing."""
+    actor = role_gpus("actor")
+    if name == "actor":
+        return actor
+    role = f"self.roles.{name}"
+    follow = "".join(
+        f"{role}.colocateWith == '{target}' ? {group_gpus_cel(target, visited | {name})} : "
+        for target in ROLE_NAMES
+        if target != name and target not in visited
+    )
+    own = f"({role}.gpus > 0 ? {role}.gpus : {actor})"
+    return f"(has({role}) ? (has({role}.gpus) ? {own} : (has({role}.colocateWith) ? ({follow}0) : 0)) : 0)"
+
+
+def _colocated_critic(s: Any) -> str | None:
+    """A critic with no GPUs of its own runs on the ranks of the role it colocates with (critic ->
+    reward, say); the trainer splits each mini-batch over them as over its own."""
+    critic = s.roles.critic
+    if not online(s) or critic is None or critic.gpus is not None or step_rows(s) % s.training.mini_batches:
+        return None
+    per_mini, gpus = step_rows(s) // s.training.mini_batches, len(device_map(s.roles)["critic"])
+    return when(per_mini % gpus != 0, f" ({per_mini} rows over the {gpus} GPUs of role "
+                                      f"{s.roles.group_owner('critic')}, colocateWith {critic.colocate_with})")
+
+
+BATCH_SPLIT = (
+    *(_rows_over_role(name) for name in ROLE_NAMES),
+    Rule("rollout.decodeRows: must be <= the rows each actor GPU generates per step (globalBatch x "
+         "groupSize / roles.actor.gpus): rows beyond them would never decode; leave it unset to decode "
+         "all of them at once",
+         f"!{ONLINE} || !(has(self.rollout) && has(self.rollout.decodeRows)) || "
+         f"self.rollout.decodeRows * {role_gpus('actor')} <= {rows()}",
+         lambda s: when(online(s) and s.rollout.decode_rows is not None
+                        and s.rollout.decode_rows * own_gpus(s, "actor") > step_rows(s),
+                        f" ({step_rows(s)} rows / {own_gpus(s, 'actor')} GPUs, got {s.rollout.decode_rows})"),
+         ".rollout.decodeRows"),
+    Rule("training.miniBatches: must divide the rows per step (globalBatch x groupSize)",
+         f"!{ONLINE} || {rows()} % {mini_batches()} == 0",
+         lambda s: when(online(s) and step_rows(s) % s.training.mini_batches != 0,
+                        f" ({step_rows(s)} rows, got {s.training.mini_batches})"),
+         ".training"),
+    *(_mini_batch_over_role(name) for name in ("actor", "critic")),
+    Rule("training.miniBatches: a mini-batch (rows per step / miniBatches) must split evenly over the GPUs "
+         "the critic shares with the role it colocates with",
+         f"!{ONLINE} || !has(self.roles.critic) || has(self.roles.critic.gpus) || {rows()} % {mini_batches()} != 0 "
+         f"|| {group_gpus_cel('critic')} == 0 || ({rows()} / {mini_batches()}) % {group_gpus_cel('critic')} == 0",
+         _colocated_critic, ".training"),
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +252,17 @@ class DpoOnlyField:
         shown = " or ".join(repr(value) for value in self.accepted)
         return f"ppo and grpo accept only {shown} (leave it unset)"
 
+    def rule(self) -> Rule:
+        model = DataSpec if self.section == "data" else BatchingSpec
+        value = spec_field(self.section, model, self.name)
+        accepted = " || ".join(f"{value} == {literal(option)}" for option in self.accepted)
+
+        def broken(s: Any) -> str | None:
+            got = getattr(getattr(s, self.section), self.name)
+            return when(online(s) and all(got != option for option in self.accepted), f" (got {got!r})")
+
+        return Rule(f"{self.path}: {self.valid()}: {self.why}", f"{OFFLINE} || {accepted}", broken, f".{self.path}")
+
 
 def _dpo_only(section: Literal["data", "batching"], name: str, why: str, *also: Any) -> DpoOnlyField:
     model = DataSpec if section == "data" else BatchingSpec
@@ -89,115 +284,14 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
     ),
 )
 
-
-def kl_is_loss_term(algorithm: str, training: TrainingSpec) -> bool:
-    """The KL goes into the actor's loss rather than the reward: GRPO always (it has no per-token
-    rewards), PPO unless training.klInReward."""
-    return algorithm == "grpo" or (algorithm == "ppo" and not training.kl_in_reward)
-
-
-# Algorithms that learn from fixed preference data (DPO's pairs, KTO's labelled completions) with
-# the DPO trainer's machinery: no reward role, no rollouts, and the DPO-only fields apply to them.
-OFFLINE_ALGORITHMS = ("dpo", "kto")
+# Every rule on the spec the trainer applies too, in the order they are reported.
+SPEC_RULES: tuple[Rule, ...] = (
+    *ALGORITHM_ROLES, *role_rules.SOURCE_RULES, *SETTINGS, *BATCH_SPLIT, *(field.rule() for field in DPO_ONLY_FIELDS),
+)
 
 
 def algorithm_setting_problems(spec: AlgorithmSettings) -> list[str]:
-    """Settings `spec.algorithm` cannot honour, one 'path: what would be valid' line each.
-
-    Empty when there are none. Paths are relative to the spec (training.kl, rollout.temperature),
-    as the operator's and the runtime's error formatters expect.
-    """
-    if spec.algorithm in OFFLINE_ALGORITHMS:
-        return []
-    problems: list[str] = []
-    reward = spec.roles.reward
-    # There is no default reward: the actor's model has no reward head to fall back on. (DPO
-    # refuses a reward role altogether, in validate_algorithm_roles.)
-    if reward is not None and reward.function is None and reward.model is None:
-        problems.append(
-            "roles.reward: set function (a rule-based reward, 'package.module:function') or model "
-            "(a reward model); it has neither"
-        )
-    training = spec.training
-    if training.kl > 0 and spec.roles.reference is None:
-        problems.append(
-            f"training.kl: {training.kl} > 0 needs roles.reference, the frozen policy the KL is taken "
-            "to: add reference: {colocateWith: actor}, or set kl to 0"
-        )
-    if training.kl > 0 and training.kl_estimator == "k1" and kl_is_loss_term(spec.algorithm, training):
-        problems.append(
-            "training.klEstimator: k1 cannot be a loss term (training.kl > 0"
-            + ("" if spec.algorithm == "grpo" else " with klInReward false")
-            + "): its expected gradient on the policy's own samples is 0, so it never pulls the policy "
-            "to the reference; use k3 (or k2)" + ("" if spec.algorithm == "grpo" else ", or set klInReward")
-        )
-    if spec.algorithm == "grpo" and training.group_size < 2:
-        problems.append(
-            f"training.groupSize: grpo needs >= 2 completions per prompt, got {training.group_size}: "
-            "advantages are rewards relative to the group's mean, so a group of one learns nothing"
-        )
-    if spec.algorithm == "grpo" and spec.rollout.temperature == 0:
-        problems.append(
-            "rollout.temperature: grpo needs > 0, got 0: greedy decoding makes every completion of a "
-            "group the same, so every advantage is 0"
-        )
-    # The prompt gets maxSeqLen - maxNewTokens - 1 tokens (one for BOS; data/prompts.py).
-    if spec.rollout.max_new_tokens > spec.data.max_seq_len - 2:
-        problems.append(
-            f"rollout.maxNewTokens: must be <= data.maxSeqLen - 2 ({spec.data.max_seq_len - 2}), got "
-            f"{spec.rollout.max_new_tokens}: a prompt, its BOS token and its completion share maxSeqLen "
-            "tokens, so no prompt token would be left"
-        )
-    problems.extend(batch_split_problems(spec))
-    problems.extend(decode_rows_problems(spec))
-    for field in DPO_ONLY_FIELDS:
-        value = getattr(getattr(spec, field.section), field.name)
-        if all(value != accepted for accepted in field.accepted):
-            problems.append(f"{field.path}: {field.valid()}, got {value!r}: {field.why}")
-    return problems
-
-
-def batch_split_problems(spec: AlgorithmSettings) -> list[str]:
-    """PPO/GRPO: a step's rows (globalBatch x groupSize) split evenly over the ranks of every role
-    with GPUs of its own, and over training.miniBatches, and each mini-batch over the actor's and
-    the critic's ranks (the trainer's own check at start, rl/trainer.py, moved to validation).
-    A colocated role shares its owner's ranks, which are checked as the owner's. An elastic job is
-    checked at its full size; a smaller size that does not split is the trainer's to refuse."""
-    if spec.algorithm in OFFLINE_ALGORITHMS:
-        return []
-    rows = spec.batching.global_batch * (spec.training.group_size if spec.algorithm == "grpo" else 1)
-    own = {name: role.gpus for name, role in spec.roles.present().items() if role.gpus}
-    problems = [
-        f"batching.globalBatch: {rows} rows per step (globalBatch x groupSize) must split evenly over the "
-        f"{gpus} GPUs of role {name}"
-        for name, gpus in own.items()
-        if rows % gpus
-    ]
-    minis = spec.training.mini_batches
-    if rows % minis:
-        problems.append(f"training.miniBatches: {minis} does not divide the {rows} rows per step "
-                        "(globalBatch x groupSize)")
-        return problems
-    problems.extend(
-        f"training.miniBatches: a mini-batch of {rows // minis} rows must split evenly over the {own[name]} "
-        f"GPUs of role {name}"
-        for name in ("actor", "critic")
-        if name in own and (rows // minis) % own[name]
-    )
-    return problems
-
-
-def decode_rows_problems(spec: AlgorithmSettings) -> list[str]:
-    """PPO/GRPO: rollout.decodeRows <= the rows each actor GPU generates per step (globalBatch x
-    groupSize / roles.actor.gpus, at the job's full size; an elastic job at fewer workers gives
-    each GPU more rows). Compared as decodeRows x gpus <= rows, as the CEL twin does."""
-    decode_rows = spec.rollout.decode_rows
-    if spec.algorithm in OFFLINE_ALGORITHMS or decode_rows is None:
-        return []
-    rows = spec.batching.global_batch * (spec.training.group_size if spec.algorithm == "grpo" else 1)
-    gpus = spec.roles.actor.gpus or 1
-    if decode_rows * gpus <= rows:
-        return []
-    return [f"rollout.decodeRows: must be <= the {rows // gpus} rows each actor GPU generates per step "
-            f"(globalBatch x groupSize / roles.actor.gpus = {rows} / {gpus}), got {decode_rows}: "
-            "rows beyond them would never decode; leave it unset to decode all of them at once"]
+    """The roles `spec.algorithm` takes and the settings it cannot honour, one 'path: what would be
+    valid' line each; empty when there are none. Paths are relative to the spec (training.kl,
+    rollout.temperature), as the operator's and the runtime's error formatters expect."""
+    return problems(SPEC_RULES, spec)

@@ -18,10 +18,31 @@ from pydantic import Field, model_validator
 
 # Spec, the shared bounds and the rollout section live in modules of their own; they are
 # imported here so that `config` stays the one place to import every section from.
+from rlkube.runtime.contract.role_rules import ROLES_RULES
 from rlkube.runtime.contract.rollout import RolloutSpec
-from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, Spec
+from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, ROLE_NAMES, Spec
 
-ROLE_NAMES = ("actor", "critic", "reward", "reference")
+# The rules of one section, each a Python check and its CEL on the section's object (the operator
+# puts the CEL into the CRD; rlkube.operator.validation). Rules across sections: role_rules (the
+# roles), algorithm_settings (the spec).
+MODEL_SOURCE = (
+    Rule("exactly one of path and config must be set", "has(self.path) != has(self.config)",
+         lambda model: when((model.path is None) == (model.config is None))),
+)
+ROLE_SOURCE = (
+    Rule("exactly one of gpus and colocateWith must be set", "has(self.gpus) != has(self.colocateWith)",
+         lambda role: when((role.gpus is None) == (role.colocate_with is None))),
+)
+EVAL_SOURCE = (
+    Rule("eval: set eval or evalFraction, not both", "!has(self.eval) || !has(self.evalFraction)",
+         lambda data: when(data.eval is not None and data.eval_fraction is not None), ".eval"),
+)
+MICRO_BATCH_BOUNDS = (
+    Rule("maxMicroBatch: must be >= minMicroBatch", "self.maxMicroBatch >= self.minMicroBatch",
+         lambda b: when(b.max_micro_batch < b.min_micro_batch, f" ({b.min_micro_batch}), got {b.max_micro_batch}"),
+         ".maxMicroBatch"),
+)
 
 
 class LoraSpec(Spec):
@@ -92,8 +113,8 @@ class ModelSpec(Spec):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.path is None) == (self.config is None):
-            raise ValueError("exactly one of path and config must be set")
+        check(MODEL_SOURCE, self)
+        # The CRD's twin is the schema's `required: [model_type]` inside config.
         if self.config is not None and "model_type" not in self.config:
             raise ValueError("config must include model_type (for example 'qwen2' or 'llama')")
         return self
@@ -130,8 +151,7 @@ class RoleSpec(Spec):
 
     @model_validator(mode="after")
     def _gpus_or_colocate(self) -> RoleSpec:
-        if (self.gpus is None) == (self.colocate_with is None):
-            raise ValueError("exactly one of gpus and colocateWith must be set")
+        check(ROLE_SOURCE, self)
         return self
 
 
@@ -153,32 +173,7 @@ class RolesSpec(Spec):
 
     @model_validator(mode="after")
     def _colocation(self) -> RolesSpec:
-        roles = self.present()
-        for name, role in roles.items():
-            if role.model is not None and role.model.lora is not None:
-                raise ValueError(f"{name}.model.lora: only the actor trains adapters (set model.lora)")
-        if roles["actor"].colocate_with is not None:
-            raise ValueError("actor: must have gpus of its own, not colocateWith")
-        if (roles["actor"].gpus or 0) < 1:
-            raise ValueError(f"actor.gpus: must be >= 1, got {roles['actor'].gpus}")
-        for name, role in roles.items():
-            target = role.colocate_with
-            if target is None:
-                continue
-            if target == name:
-                raise ValueError(f"{name}.colocateWith: a role cannot colocate with itself")
-            if target not in roles:
-                raise ValueError(
-                    f"{name}.colocateWith: names role {target!r}, which is not set "
-                    f"(set roles: {', '.join(roles)})"
-                )
-            seen = [name]
-            # A target that itself names a missing role is reported on its own turn.
-            while target in roles and roles[target].colocate_with is not None:
-                if target in seen:
-                    raise ValueError(f"{name}.colocateWith: cycle {' -> '.join([*seen, target])}")
-                seen.append(target)
-                target = roles[target].colocate_with  # type: ignore[assignment]
+        check(ROLES_RULES, self)
         return self
 
     def group_owner(self, name: str) -> str:
@@ -325,8 +320,7 @@ class DataSpec(Spec):
 
     @model_validator(mode="after")
     def _one_eval_source(self) -> DataSpec:
-        if self.eval is not None and self.eval_fraction is not None:
-            raise ValueError("eval: set eval or evalFraction, not both")
+        check(EVAL_SOURCE, self)
         return self
 
 
@@ -383,10 +377,7 @@ class BatchingSpec(Spec):
 
     @model_validator(mode="after")
     def _bounds(self) -> BatchingSpec:
-        if self.max_micro_batch < self.min_micro_batch:
-            raise ValueError(
-                f"maxMicroBatch: must be >= minMicroBatch ({self.min_micro_batch}), got {self.max_micro_batch}"
-            )
+        check(MICRO_BATCH_BOUNDS, self)
         return self
 
 
@@ -542,28 +533,13 @@ class RuntimeConfig(Spec):
     output_dir: str = Field(default="/tmp/rlkube", max_length=MAX_PATH_LEN, description="Logs and caches.")
 
     @model_validator(mode="after")
-    def _algorithm_roles(self) -> RuntimeConfig:
-        # Imported here: that module builds its table from this module's models.
+    def _algorithm_settings(self) -> RuntimeConfig:
+        # Imported here: that module builds its rules from this module's models.
         from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 
-        validate_algorithm_roles(self.algorithm, self.roles)
         problems = algorithm_setting_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         if self.device_map is None:
             self.device_map = device_map(self.roles)
         return self
-
-
-def validate_algorithm_roles(algorithm: str, roles: RolesSpec) -> None:
-    """Cross-field rules between the algorithm and its roles (shared with the operator)."""
-    if roles.critic is not None and algorithm != "ppo":
-        raise ValueError(f"roles.critic: only ppo uses a critic, algorithm is {algorithm}")
-    if algorithm == "ppo" and roles.critic is None:
-        raise ValueError("roles.critic: ppo needs a critic role")
-    if algorithm in ("ppo", "grpo") and roles.reward is None:
-        raise ValueError(f"roles.reward: {algorithm} needs a reward role (a model or a function)")
-    if algorithm in ("dpo", "kto") and roles.reward is not None:
-        data = "preference pairs" if algorithm == "dpo" else "labelled completions"
-        raise ValueError(f"roles.reward: {algorithm} learns from {data} and uses no reward role")
-

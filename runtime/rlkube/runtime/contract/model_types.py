@@ -46,15 +46,30 @@ def model_dir_problem(path: str) -> str | None:
     return None if problem is None else f"{config}: model_type {problem}"
 
 
+def spec_models(spec: Any) -> dict[str, Any]:
+    """The models of a RuntimeConfig or an RLTrainingJobSpec by field path: the actor's ('model')
+    and each role's own ('roles.reward.model')."""
+    roles = {f"roles.{name}.model": role.model for name, role in spec.roles.present().items() if role.model}
+    return {"model": spec.model, **roles}
+
+
+def model_type_problems(spec: Any) -> list[str]:
+    """Each model given by `config` whose model_type rlkube does not train: one
+    'roles.reward.model.config.model_type: why' line each. The CRD's twin is the enum it declares
+    on model_type inside the config."""
+    return [
+        f"{where}.config.model_type: {problem}"
+        for where, model in spec_models(spec).items()
+        if model.config is not None and (problem := model_type_problem(model.config.get("model_type")))
+    ]
+
+
 def model_problems(config: Any) -> list[str]:
-    """Each model of a RuntimeConfig (the actor's, and each role's own) that the pod cannot build:
-    one 'field: why' line each (model.path, roles.reward.model.config.model_type, ...)."""
-    models = {"model": config.model}
-    models.update({f"roles.{name}.model": role.model for name, role in config.roles.present().items() if role.model})
-    problems = []
-    for where, model in models.items():
-        if model.config is not None and (problem := model_type_problem(model.config.get("model_type"))):
-            problems.append(f"{where}.config.model_type: {problem}")
-        if model.path is not None and (problem := model_dir_problem(model.path)):
-            problems.append(f"{where}.path: {problem}")
-    return problems
+    """Each model of a RuntimeConfig that the pod cannot build: `model_type_problems`, and each
+    model given by `path` whose directory cannot be loaded (read in the pod; one 'field: why' line
+    each)."""
+    return model_type_problems(config) + [
+        f"{where}.path: {problem}"
+        for where, model in spec_models(config).items()
+        if model.path is not None and (problem := model_dir_problem(model.path))
+    ]

@@ -12,6 +12,8 @@ from pydantic.alias_generators import to_camel
 # Bounds shared by the runtime config and the CRD schema (maxLength / maxItems there).
 MAX_PATH_LEN = 1024
 MAX_NAME_LEN = 253
+# The roles of a job, in canonical order (the order of the device map's rank ranges).
+ROLE_NAMES = ("actor", "critic", "reward", "reference")
 
 
 class Spec(BaseModel):

@@ -1,0 +1,139 @@
+"""Rules on the roles: the actor's own GPUs, colocation chains, adapters only on the actor, a
+function only on the reward role, and the reward role's one source.
+
+Each is a `Rule` written once: its Python half refuses the trainer's config (exit 3) and the job in
+`rlkube validate` and the operator, its CEL half goes into the CRD (`rlkube.operator.validation`).
+`ROLES_RULES` sit on the roles object (`RolesSpec`'s validator; messages relative to the roles,
+'critic.colocateWith: ...'); `SOURCE_RULES` sit on the spec (messages relative to the spec,
+'roles.critic.function: ...'), so that they are reported together with the other spec-wide rules
+and a `RolesSpec` alone may hold a reward role still to be given its source (placement's tests
+build such). Each names its field by `field_path`, so both doors report
+`spec.roles.critic.colocateWith`. Which roles an algorithm takes is in `algorithm_settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkube.runtime.contract.rule import Rule, when
+from rlkube.runtime.contract.spec import ROLE_NAMES
+
+OTHER_ROLES = tuple(name for name in ROLE_NAMES if name != "actor")
+
+
+def colocation_chain(roles: Any, name: str) -> tuple[list[str], bool]:
+    """The roles colocateWith leads through from `name`, and whether it ends at a role with gpus
+    (the actor counts as one: its own rules refuse it otherwise) through roles that are set,
+    without a cycle."""
+    chain: list[str] = []
+    while name != "actor":
+        role = getattr(roles, name)
+        if role is None or name in chain:
+            return [*chain, name], False
+        chain.append(name)
+        if role.gpus is not None:
+            return chain, True
+        if role.colocate_with is None:
+            return chain, False
+        name = role.colocate_with
+    return [*chain, name], True
+
+
+def _resolves_cel(name: str, visited: frozenset[str]) -> str:
+    """CEL twin of `colocation_chain`'s verdict."""
+    if name == "actor":
+        return "true"
+    visited = visited | {name}
+    steps = []
+    for target in ROLE_NAMES:
+        if target in visited:
+            continue
+        present = "" if target == "actor" else f" && has(self.{target})"
+        steps.append(f"(self.{name}.colocateWith == '{target}'{present} && {_resolves_cel(target, visited)})")
+    follow = " || ".join(steps) if steps else "false"
+    return f"(has(self.{name}.gpus) || (has(self.{name}.colocateWith) && ({follow})))"
+
+
+def _colocation(name: str) -> tuple[Rule, ...]:
+    unset = f"!has(self.{name}) || !has(self.{name}.colocateWith)"
+    existing = " || ".join(
+        f"self.{name}.colocateWith == '{target}'" + ("" if target == "actor" else f" && has(self.{target})")
+        for target in ROLE_NAMES
+        if target != name
+    )
+
+    def target(roles: Any) -> str | None:
+        role = getattr(roles, name)
+        return None if role is None else role.colocate_with
+
+    def names_a_set_role(roles: Any) -> bool:
+        wanted = target(roles)
+        return wanted is not None and wanted != name and (wanted == "actor" or getattr(roles, wanted) is not None)
+
+    def missing(roles: Any) -> str | None:
+        wanted = target(roles)
+        return when(wanted not in (None, name) and not names_a_set_role(roles),
+                    f": got {wanted!r} (set roles: {', '.join(roles.present())})")
+
+    def unresolved(roles: Any) -> str | None:
+        # A target that is itself or not set is the two rules above's to report.
+        if not names_a_set_role(roles):
+            return None
+        chain, ends = colocation_chain(roles, name)
+        return when(not ends, f": {' -> '.join(chain)}")
+
+    return (
+        Rule(f"{name}.colocateWith: a role cannot colocate with itself",
+             f"{unset} || self.{name}.colocateWith != '{name}'",
+             lambda roles: when(target(roles) == name), f".{name}.colocateWith"),
+        Rule(f"{name}.colocateWith: must name a role that is set",
+             f"{unset} || self.{name}.colocateWith == '{name}' || {existing}", missing, f".{name}.colocateWith"),
+        Rule(f"{name}.colocateWith: the colocateWith chain must end at a role with gpus (no cycles)",
+             f"{unset} || self.{name}.colocateWith == '{name}' || !({existing}) || {_resolves_cel(name, frozenset())}",
+             unresolved, f".{name}.colocateWith"),
+    )
+
+
+def _lora(name: str) -> Rule:
+    return Rule(
+        f"{name}.model.lora: only the actor trains adapters (set model.lora)",
+        f"!has(self.{name}) || !has(self.{name}.model) || !has(self.{name}.model.lora)",
+        lambda roles: when((role := getattr(roles, name)) is not None and role.model is not None
+                           and role.model.lora is not None),
+        f".{name}.model.lora",
+    )
+
+
+ROLES_RULES: tuple[Rule, ...] = (
+    Rule("actor: must have gpus of its own, not colocateWith", "!has(self.actor.colocateWith)",
+         lambda roles: when(roles.actor.colocate_with is not None), ".actor"),
+    Rule("actor.gpus: must be >= 1 (the actor trains and generates on GPUs of its own)",
+         "has(self.actor.gpus) && self.actor.gpus >= 1",
+         lambda roles: when((roles.actor.gpus or 0) < 1, f", got {roles.actor.gpus}"), ".actor.gpus"),
+    *(rule for name in OTHER_ROLES for rule in _colocation(name)),
+    *(_lora(name) for name in OTHER_ROLES),
+)
+
+
+def _function(name: str) -> Rule:
+    guard = "" if name == "actor" else f"!has(self.roles.{name}) || "
+    return Rule(
+        f"roles.{name}.function: only the reward role takes a function",
+        f"{guard}!has(self.roles.{name}.function)",
+        lambda spec: when((role := getattr(spec.roles, name)) is not None and role.function is not None),
+        f".roles.{name}.function",
+    )
+
+
+SOURCE_RULES: tuple[Rule, ...] = (
+    *(_function(name) for name in ROLE_NAMES if name != "reward"),
+    # There is no default reward: the actor's model has no reward head to fall back on.
+    Rule("roles.reward: set model or function, not both",
+         "!has(self.roles.reward) || !has(self.roles.reward.function) || !has(self.roles.reward.model)",
+         lambda spec: when(spec.roles.reward is not None and spec.roles.reward.function is not None
+                           and spec.roles.reward.model is not None), ".roles.reward"),
+    Rule("roles.reward: set function (a rule-based reward, 'package.module:function') or model (a reward model)",
+         "!has(self.roles.reward) || has(self.roles.reward.function) || has(self.roles.reward.model)",
+         lambda spec: when(spec.roles.reward is not None and spec.roles.reward.function is None
+                           and spec.roles.reward.model is None, "; it has neither"), ".roles.reward"),
+)

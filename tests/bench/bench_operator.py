@@ -342,7 +342,10 @@ def drop_namespace(env: Env, arm: str) -> None:
             env.api.request("DELETE", path, body=body, timeout=600)
         except Exception as exc:  # a delete of thousands of objects can outlast the API server's request timeout
             print(f"deleting {path}: {exc}; waiting for the pods to go", file=sys.stderr)
-    wait_until(f"the pods of {ns} gone", lambda: pod_count(env) == 0, 600, interval=1.0)
+    try:
+        wait_until(f"the pods of {ns} gone", lambda: pod_count(env) == 0, 600, interval=1.0)
+    except AssertionError as exc:  # 8,000 pods on kwok nodes took longer (12:51 and 15:41 runs): go on
+        print(f"{exc}; the next arm starts with {pod_count(env)} of them left", file=sys.stderr)
     env.api.request("DELETE", f"/api/v1/namespaces/{ns}")
 
 
@@ -393,19 +396,21 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path("/tmp/rlkube-bench-operator")
     results: dict[str, list[dict]] = {"rlkube": [], "indexed-job": [], "ceiling": []}
     try:
-        for r in range(args.rounds):
-            for arm in ("rlkube", "indexed-job", "ceiling") if r % 2 == 0 else ("ceiling", "indexed-job", "rlkube"):
-                if arm not in args.arms.split(","):
-                    continue
-                env = fresh_namespace(base, arm.split("-")[0])
-                try:
-                    out = (run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs, args.rate, args.operator_arg)
-                           if arm == "rlkube" else run_ceiling(env, args.jobs) if arm == "ceiling"
-                           else run_jobs(env, args.jobs, args.rate))
-                    out.update(case=f"apply-{args.jobs}x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
-                    print(json.dumps(out), flush=True)
-                    results[arm].append(out)
-                finally:
+        # The arms run in the order given, reversed every other round; the last arm's objects go with
+        # the private control plane (nothing to delete and wait for).
+        order = [arm for arm in args.arms.split(",") if arm in results]
+        runs = [(r, arm) for r in range(args.rounds) for arm in (order if r % 2 == 0 else order[::-1])]
+        for r, arm in runs:
+            env = fresh_namespace(base, arm.split("-")[0])
+            try:
+                out = (run_rlkube(env, log_dir / f"{arm}-{r}", args.jobs, args.rate, args.operator_arg)
+                       if arm == "rlkube" else run_ceiling(env, args.jobs) if arm == "ceiling"
+                       else run_jobs(env, args.jobs, args.rate))
+                out.update(case=f"apply-{args.jobs}x8", arm=arm, round=r, jobs=args.jobs, pods=args.jobs * 8)
+                print(json.dumps(out), flush=True)
+                results[arm].append(out)
+            finally:
+                if (r, arm) != runs[-1]:
                     drop_namespace(env, arm)
     finally:
         if heart:

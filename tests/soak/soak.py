@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -81,14 +82,23 @@ def arrival_times(count: int, duration: float) -> list[float]:
 
 class Arrivals:
     """The jobs still to be applied: at their times (arrival_times), one whenever a fault finds no
-    job training (`apply_next`, called by the driver), the rest after the faults."""
+    job training (`apply_next`, called by the driver), the rest after the faults. When a fault
+    finds no job training and none is left, `extra` makes one more (`make_job`, which adds it to
+    the soak's jobs, so every check covers it): seen at 15:56, when the idle machine trained the
+    first three jobs (600/400 steps) in under 90 s and the held-back ones were gone by the third
+    fault, which left five faults with nothing to strike."""
 
-    def __init__(self, cluster, jobs: list[dict]) -> None:
+    def __init__(self, cluster, jobs: list[dict], make_job: Callable[[], dict] | None = None) -> None:
         self.cluster, self.pending, self.lock = cluster, list(jobs), threading.Lock()
+        self.make_job = make_job
+        self.extra = 0
 
-    def apply_next(self, why: str) -> bool:
+    def apply_next(self, why: str, extra: bool = False) -> bool:
         with self.lock:
             job = self.pending.pop(0) if self.pending else None
+            if job is None and extra and self.make_job is not None:
+                job, self.extra = self.make_job(), self.extra + 1
+                why += ", one more than --jobs"
         if job is None:
             return False
         # The API server may be down for a fault right now: retried, bounded.
@@ -187,16 +197,22 @@ def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
         deploy.log(f"soak: a job trains; the fault window opens ({args.duration:.0f} s)")
         times = arrival_times(len(later), args.duration)
         report["arrivals"] = times
-        pending = Arrivals(cluster, later)
-        totals = {j["metadata"]["name"]: j["spec"]["training"]["steps"] for j in jobs}
+        tag = jobs[0]["metadata"]["name"].rsplit("-", 1)[1]
+
+        def one_more() -> dict:  # appended to `jobs`: waited for, checked and deleted like the others
+            jobs.append(job_specs(len(jobs) + 1, args.steps, args.grpo_steps, tag)[-1])
+            return jobs[-1]
+
+        pending = Arrivals(cluster, later, one_more)
 
         def training() -> list[verdict.Training]:
             with watch.lock:
                 live = dict(watch.census.live)
+            totals = {j["metadata"]["name"]: j["spec"]["training"]["steps"] for j in list(jobs)}
             return verdict.training_pods(list(sampler.attempts.values()), live, totals, time.time())
 
         driver.training = training
-        driver.feed = lambda: pending.apply_next("early: a fault found no job training")
+        driver.feed = lambda: pending.apply_next("early: a fault found no job training", extra=True)
         arrivals = threading.Thread(target=pending.run, args=(opened, times), daemon=True)
         arrivals.start()
         driver.run(plan, opened, threading.Event())
@@ -214,6 +230,7 @@ def soak(cluster, args: argparse.Namespace, out: Path) -> dict:
             sampler.sample_once()
             for thread in (sampler, watch):
                 thread.stop_flag.set()
+    report["jobs"], report["extra_jobs"] = [j["metadata"]["name"] for j in jobs], len(jobs) - args.jobs
     report["faults"] = [f.__dict__ for f in driver.faults]
     report["skipped_faults"] = driver.skipped
     report["watch"] = {"reconnects": watch.reconnects, "errors": watch.errors[:10],

@@ -172,7 +172,7 @@ def eos_case(model, args, device, setup) -> dict:
         # and warm up on one wave of prompts; "all" gets its own, warmed up on every prompt
         decoder = Decoder(model, batch_rows=rows)
         run_ours(decoder, ids[:rows], mask[:rows], new, device, 11, eos)
-        rec["graph_capture_s"] = decoder.last_capture_seconds
+        rec["graph_capture_s"] = decoder.last_stats["captureSeconds"]
         for variant in [v for v in args.refill.split(",") if v]:
             name, refill, compact = EOS_VARIANTS[variant]
             if variant == "all":
@@ -225,7 +225,7 @@ def fixed_case(model, graphs, repeat_kv, batch: int, args, device, dtype, setup)
     run_hf(model, ids, mask, new, device, static=True)  # compilation + warm-up at this shape
     hf_static, _ = run_hf(model, ids, mask, new, device, static=True)
     first, _ = run_ours(graphs, ids, mask, new, device, 1)
-    capture = graphs.last_capture_seconds
+    capture = graphs.last_stats["captureSeconds"]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     ours, _ = run_ours(graphs, ids, mask, new, device, 2)

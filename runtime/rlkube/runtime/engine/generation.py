@@ -246,7 +246,6 @@ class Decoder:
         self.compact = True
         self._batch = None
         self._smaller: dict[int, DecodeBatch] = {}
-        self.last_capture_seconds = 0.0
         self.capture_seconds_total = 0.0  # every DecodeBatch built (caches allocated, graphs captured)
         self.last_stats: dict = {}
 
@@ -314,7 +313,6 @@ class Decoder:
             return self._batch
         self.release()  # one set of caches resident at a time: drop the old one before allocating
         self._batch = self._new_batch(rows, prompt_len, params)
-        self.last_capture_seconds = self._batch.capture_seconds
         return self._batch
 
     def _smaller_batch(self, rows: int) -> DecodeBatch:

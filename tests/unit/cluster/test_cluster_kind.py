@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tests.cluster import kind, kindnode
+from tests.cluster.images import ImageArchive
 from tests.cluster.layout import Layout, default_nodes, kind_state
 
 
@@ -68,3 +69,27 @@ def test_node_containerd_config_sets_pause_oom_and_runc_caps_once():
 def test_node_containerd_config_of_another_shape_is_refused():
     with pytest.raises(RuntimeError, match="changed shape"):
         kindnode._containerd_config(KIND_CONTAINERD.replace("restrict_oom_score_adj = false", ""))
+
+
+def test_images_go_into_one_worker_at_a_time_with_its_blobs_dropped_before_the_next(tmp_path, monkeypatch):
+    """Both imports at once would hold the image's blobs and snapshots in both workers together."""
+    calls = []
+    containers = {f"c-{n.name}": n.name for n in default_nodes()}
+
+    def kind_load(*args, env, **kw):
+        calls.append(("load", args[args.index("--nodes") + 1]))
+
+    monkeypatch.setattr(kind.docker_engine, "env", lambda: {})
+    monkeypatch.setattr(kind, "_node_containers", lambda layout, env: containers)
+    monkeypatch.setattr(kind, "_kind", kind_load)
+    monkeypatch.setattr(
+        kind, "_drop_layer_blobs", lambda container, ref, env: calls.append(("drop", container))
+    )
+    image = ImageArchive(ref="localhost/rlkube/runtime-cpu:dev", path=tmp_path / "a.tar", input_hash="h1")
+    layout = Layout(state=tmp_path)
+    kind.load_image(layout, image)
+    first, second = containers
+    assert calls == [("load", first), ("drop", first), ("load", second), ("drop", second)]
+    calls.clear()
+    kind.load_image(layout, image)  # both have this build: nothing is loaded again
+    assert calls == []

@@ -41,7 +41,9 @@ from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_
 from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle.catalog import NodeCatalog
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
+from rlkube.operator.observed import GANG_GATE
 from rlkube.operator.watch import Reflector
+from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 
 LEDGER_GRACE = 30.0
 SYNC_WAIT_SECONDS = 30.0
@@ -173,6 +175,9 @@ class PodStore:
         self.listener: Callable[[Key], None] | None = None
         # Called likewise with every checkpoint cleanup pod (cleanup.py) that is not deleted yet.
         self.cleanup_listener: Callable[[dict], None] | None = None
+        # Pods whose gang gate this operator removed (its PATCH answered 200) while the store may
+        # still show them gated: (namespace, name) -> (uid or None, attempt label, recorded at).
+        self.ungated: dict[Key, tuple[str | None, str | None, float]] = {}
 
     def replace(self, items: list[dict]) -> None:
         started = time.monotonic()
@@ -184,6 +189,7 @@ class PodStore:
                 by_job.setdefault((use.key[0], use.job), {})[use.key[1]] = reduce_job_pod(obj)
         with self.lock:
             self.use, self.by_job = fresh, by_job
+            self.ungated = {}  # a relist may predate a removal: at worst a removal is sent again
         if self.ledger is not None:  # a list begun after a create finished has that pod, or it is gone
             self.ledger.forget_settled_before(started)
 
@@ -194,6 +200,8 @@ class PodStore:
                 self.use.drop(use.key)
             else:
                 self.use.put(use)
+            if use.key in self.ungated and (kind == "DELETED" or not _gang_gated(obj)):
+                del self.ungated[use.key]  # the watch caught up with the removal (or the pod went)
             if use.job and kind == "DELETED":
                 pods = self.by_job.get((use.key[0], use.job), {})
                 pods.pop(use.key[1], None)
@@ -206,6 +214,36 @@ class PodStore:
         if (self.cleanup_listener is not None and kind != "DELETED"
                 and LABEL_CLEANUP in ((obj.get("metadata") or {}).get("labels") or {})):
             self.cleanup_listener(obj)
+
+    def gate_removed(self, pod: Mapping[str, Any]) -> None:
+        """This operator removed `pod`'s gang gate (`pod`: the PATCH's answer, or at least its
+        name, namespace and attempt label). Until the watch shows it, the store's gated copy is
+        read as ungated (`job_pods`), so a reconcile in between does not send the removal again
+        (issue 20's 17:00 run: 2,704 such PATCHes, a third of the gate removals). A scheduling
+        gate can never be added back to a pod, so a removal the API server confirmed stays true
+        for that pod (same uid) for good."""
+        meta = pod.get("metadata") or {}
+        with self.lock:
+            self.ungated[_key(pod)] = (meta.get("uid") or None, (meta.get("labels") or {}).get(LABEL_ATTEMPT),
+                                       time.monotonic())
+
+    def as_removed(self, reduced: dict) -> dict:
+        """`reduced` (a store pod; caller holds the lock), with the gang gate off where this
+        operator's removal of it is not in the store yet."""
+        expected = self.ungated.get(_key(reduced))
+        if expected is None or not _gang_gated(reduced):
+            return reduced
+        meta = reduced["metadata"]
+        uid, attempt, at = expected
+        if (uid is not None and meta.get("uid") != uid) or (meta.get("labels") or {}).get(LABEL_ATTEMPT) != attempt \
+                or time.monotonic() - at > LEDGER_GRACE:
+            return reduced  # another pod of that name, or a watch far behind: as the store says
+        gates = [g for g in reduced["spec"].get("schedulingGates") or () if g.get("name") != GANG_GATE]
+        return {**reduced, "spec": {**reduced["spec"], "schedulingGates": gates}}
+
+
+def _gang_gated(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == GANG_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
 
 
 class NodeStore:
@@ -387,7 +425,7 @@ class WatchedInventory:
         with self.pods.lock:
             if self.ledger.awaits(namespace, name, self.pods.use.pods):
                 return None
-            return list((self.pods.by_job.get((namespace, name)) or {}).values())
+            return [self.pods.as_removed(p) for p in (self.pods.by_job.get((namespace, name)) or {}).values()]
 
     def wrote_job(self, read_version: str, written: dict | None) -> None:
         store = self._job_store(((written or {}).get("metadata") or {}).get("namespace") or "")
@@ -399,6 +437,9 @@ class WatchedInventory:
 
     def settle(self, pods: list[dict]) -> None:
         self.ledger.settle(pods)
+
+    def gate_removed(self, pod: Mapping[str, Any]) -> None:
+        self.pods.gate_removed(pod)
 
     def invalidate(self) -> None:
         """Creates ended in an error: nothing to do, the watch shows what was made."""
@@ -493,6 +534,9 @@ class ListedInventory:
 
     def settle(self, pods: list[dict]) -> None:
         self.ledger.settle(pods)
+
+    def gate_removed(self, pod: Mapping[str, Any]) -> None:
+        """Nothing kept: a reconcile lists the pods."""
 
     def invalidate(self) -> None:
         self._listing = None

@@ -300,22 +300,23 @@ class KubeAPI:
             if exc.status not in (404, 409):
                 raise
 
-    def remove_gate(self, namespace: str, name: str, position: int, gate: str, attempt: int) -> bool:
+    def remove_gate(self, namespace: str, name: str, position: int, gate: str, attempt: int) -> dict | None:
         """Remove one scheduling gate; a JSON patch `test` makes sure it is still that gate on that
-        attempt's pod. False when the pod changed (gone, another attempt, gate already off)."""
+        attempt's pod. Returns the pod as patched; None when the pod changed (gone, another
+        attempt, gate already off)."""
         ops = [
             {"op": "test", "path": "/metadata/labels/rlkube.io~1attempt", "value": str(attempt)},
             {"op": "test", "path": f"/spec/schedulingGates/{position}/name", "value": gate},
             {"op": "remove", "path": f"/spec/schedulingGates/{position}"},
         ]
         try:
-            self.request("PATCH", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", body=ops,
-                         content_type="application/json-patch+json", query={"fieldManager": FIELD_MANAGER})
+            patched = self.request("PATCH", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", body=ops,
+                                   content_type="application/json-patch+json", query={"fieldManager": FIELD_MANAGER})
         except ApiError as exc:
             if exc.status in (404, 409, 422) or (exc.status == 500 and "test" in exc.message):
-                return False
+                return None
             raise
-        return True
+        return patched if isinstance(patched, dict) else {}
 
     # -- events -------------------------------------------------------------------------------
 

@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host-path-shared", action="store_true",
                    help="the hostPath checkpoint root (/var/lib/rlkube) is one shared filesystem on every node; "
                         "without it a job with no checkpoint.volumeClaim is placed on one node only")
+    p.add_argument("--status-coalesce-seconds", type=float, default=2.0,
+                   help="a status change that only updates pod counts is written at most this often per job "
+                        "(0: at once); phase, conditions and placement are always written at once")
     p.add_argument("--watch-server-timeout", type=int, default=300,
                    help="seconds after which the API server ends each watch (kopf reconnects)")
     p.add_argument("--watch-client-timeout", type=int, default=330,
@@ -128,6 +131,7 @@ def run(argv: list[str] | None = None) -> int:
         node_lost_grace_seconds=args.node_lost_grace_seconds,
         node_lost_counts=args.node_lost_counts,
         host_path_shared=args.host_path_shared,
+        status_coalesce_seconds=args.status_coalesce_seconds,
     )
     inventory = None
     if args.inventory == "watch":

@@ -23,6 +23,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rlkube.operator import cleanup, kueue_workload, render
@@ -35,7 +36,8 @@ from rlkube.operator.lifecycle.rejection import rejected
 from rlkube.operator.metrics import Metrics
 from rlkube.operator.observed import GANG_GATE, LABEL_JOB, JobView, owned_by, pod_views
 from rlkube.operator.progress_client import poll_progress
-from rlkube.operator.status import status_patch
+from rlkube.operator.status import counts_only, status_patch
+from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 
 logger = logging.getLogger("rlkube.operator")
 
@@ -58,6 +60,24 @@ def final_report(job: JobView, pods: list) -> Mapping[str, Any] | None:
     attempt = int(job.status.get("attempt") or 0)
     rank0 = next((p for p in pods if p.index == 0 and p.attempt == attempt), None)
     return rank0.final_progress if rank0 is not None else None
+
+
+def held_back(window: float, written_at: float | None, job: JobView, decision: Decision) -> float | None:
+    """Seconds to hold back `decision`'s status write: only when it changes pod counts alone
+    (status.counts_only), does nothing else, and the job's status was written (at monotonic time
+    `written_at`) less than `window` seconds ago. A gang binding and starting changed its counts
+    several times a second, each a status write (issue 20's 17:00 run: 2.7 such writes per job)."""
+    if window <= 0 or written_at is None or decision.create or decision.delete or decision.force_delete \
+            or decision.ungate or decision.events or decision.delete_job or decision.workload is not None \
+            or decision.workload_status is not None or not counts_only(job.status, decision.status or {}):
+        return None
+    left = window - (time.monotonic() - written_at)
+    return left if left > 0 else None
+
+
+def _named(namespace: str, name: str, attempt: int) -> dict:
+    """What a pod's gate removal needs to know of it when the API server's answer had no body."""
+    return {"metadata": {"namespace": namespace, "name": name, "labels": {LABEL_ATTEMPT: str(attempt)}}}
 
 
 class Rejected(Exception):
@@ -89,6 +109,7 @@ class Reconciler:
         self._planning = PlanningTurns()  # oldest job first (cluster_state.py says why)
         self._own_versions: dict[tuple[str, str], str] = {}  # job -> resourceVersion of our last status write
         self._read_fresh: set[tuple[str, str]] = set()  # jobs whose next reconcile reads the API, not the stores
+        self._written_at: dict[tuple[str, str], float] = {}  # job -> when its status was last written (monotonic)
         # The operator passes a started WatchedInventory (main.py); without one, listings.
         self.inventory = inventory if inventory is not None else ListedInventory(api)
         # Shared by every reconcile's creates and gate removals: at 16 reconciles at once, a 16-thread
@@ -119,6 +140,7 @@ class Reconciler:
                 action = "gone"
                 self.metrics.forget_job(namespace, name)
                 self._own_versions.pop((namespace, name), None)
+                self._written_at.pop((namespace, name), None)
                 return None
             job = JobView.from_object(body)
             if job.deleting:
@@ -165,24 +187,22 @@ class Reconciler:
                           decision: Decision) -> Decision:
         """Apply `decision`, or, when it needs the GPU inventory, decide again on it and apply that."""
         if not decision.need_cluster:
-            self.apply(job, decision)
-        else:
-            # Planning and admission read the GPU inventory one job at a time; a plan's pods
-            # enter the inventory's ledger before the lock is released, so the next plan counts
-            # them even while their creates are still in flight (cluster_state.Ledger).
-            with self._planning.turn((job.created, job.name, job.namespace)):
-                decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
-                self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
+            return self.apply(job, decision)
+        # Planning and admission read the GPU inventory one job at a time; a plan's pods
+        # enter the inventory's ledger before the lock is released, so the next plan counts
+        # them even while their creates are still in flight (cluster_state.Ledger).
+        with self._planning.turn((job.created, job.name, job.namespace)):
+            decision = self._decide_on_inventory(job, pods, objs, now, report, kueue)
+            self.inventory.record([o for o in decision.create if o["kind"] == "Pod"])
 
-            created = [o for o in decision.create if o["kind"] == "Pod"]
-            try:
-                self.apply(job, decision)
-            except Exception:
-                self.inventory.invalidate()  # what was created is unknown: list afresh
-                raise
-            finally:
-                self.inventory.settle(created)
-        return decision
+        created = [o for o in decision.create if o["kind"] == "Pod"]
+        try:
+            return self.apply(job, decision)
+        except Exception:
+            self.inventory.invalidate()  # what was created is unknown: list afresh
+            raise
+        finally:
+            self.inventory.settle(created)
 
     def _reject(self, job: JobView, refused: Rejected) -> Decision | None:
         """The API server refused a child (422): fail the job naming the field, in this reconcile
@@ -238,12 +258,18 @@ class Reconciler:
             return None
         return self.progress(rank0.pod_ip, render.progress_port(job.spec))
 
-    def apply(self, job: JobView, decision: Decision) -> None:
+    def apply(self, job: JobView, decision: Decision) -> Decision:
+        """Apply `decision`; returns it, or it with an earlier requeue when its status write was
+        held back (`held_back`), so the latest counts are written when the interval ends."""
         ns, name = job.namespace, job.name
         assert decision.status is not None
+        deferred = held_back(self.settings.status_coalesce_seconds, self._written_at.get((ns, name)), job, decision)
+        if deferred is not None:
+            return replace(decision, requeue_after=min(deferred, decision.requeue_after or deferred))
         patch = status_patch(job.status, decision.status)
         if patch:
             written = self.api.patch_job_status(ns, name, job.resource_version, patch)
+            self._written_at[(ns, name)] = time.monotonic()
             self._own_versions[(ns, name)] = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
             self.inventory.wrote_job(job.resource_version, written)
         if decision.workload is not None:
@@ -268,8 +294,11 @@ class Reconciler:
         else:
             list(self._writers.map(self._create_child, [obj for obj in create if obj["kind"] != "Pod"]))
             list(self._writers.map(self._create_child, pods))
-        list(self._writers.map(lambda g: self.api.remove_gate(ns, g.name, g.position, GANG_GATE, g.attempt),
-                               decision.ungate))
+        for gate, patched in zip(decision.ungate, self._writers.map(
+                lambda g: self.api.remove_gate(ns, g.name, g.position, GANG_GATE, g.attempt), decision.ungate),
+                strict=True):
+            if patched is not None:  # until the pod watch shows it, the store's gated copy reads as ungated
+                self.inventory.gate_removed(patched if patched.get("metadata") else _named(ns, gate.name, gate.attempt))
         self._post_events(job, decision.events)
         if decision.delete_job:
             self.api.delete_job(ns, name, job.ref.uid)
@@ -277,6 +306,7 @@ class Reconciler:
         if decision.action not in ("wait", "observe"):
             logger.info("%s/%s: %s -> %s (%s)", ns, name, decision.action,
                         decision.status.get("phase"), ", ".join(f"{e.reason}" for e in decision.events) or "-")
+        return decision
 
     def clean_checkpoints(self, job: Mapping[str, Any]) -> list[str]:
         """`job` (its last state, or what its checkpoint record says) was deleted: create the pods

@@ -370,3 +370,19 @@ def _replace(old: Any, new: Any) -> Any:
         out.update({k: None for k in old if k not in new})
         return out
     return new
+
+
+def counts_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether `new` differs from `old` only in what pods are counted: condition messages under
+    the same type, status and reason ("3/8 pods bound", "5/8 pods ready") and the roles' ready
+    counts. No phase, reason, attempt, placement or time differs; the operator may write such a
+    status a little later (reconcile.py coalesces them)."""
+    patch = status_patch(old, new)
+    if not patch or not set(patch) <= {"conditions", "roles"}:
+        return False
+
+    def shape(status: Mapping[str, Any]) -> list[tuple]:
+        return [(c.get("type"), c.get("status"), c.get("reason"), c.get("lastTransitionTime"))
+                for c in status.get("conditions") or []]
+
+    return shape(old) == shape(new)

@@ -140,7 +140,7 @@ class FakeCluster:
 
     def remove_gate(self, namespace, name, position, gate, attempt):
         self.pods[name]["spec"]["schedulingGates"] = []
-        return True
+        return copy.deepcopy(self.pods[name])
 
     def post_event(self, involved, type_, reason, message, **kw):
         self.events.append((involved["name"], reason))

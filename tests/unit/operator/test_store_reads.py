@@ -26,6 +26,19 @@ class CountingCluster(FakeCluster):
     def __init__(self, jobs):
         super().__init__(jobs)
         self.reads = {"get_job": 0, "list_pods": 0}
+        self.as_created: dict[str, dict] = {}  # pod -> the pod as created (gated): what a lagging watch shows
+        self.gate_removals = 0
+
+    def create(self, obj):
+        if obj["kind"] == "Pod":
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}"
+            self.as_created[obj["metadata"]["name"]] = copy.deepcopy(obj)
+        return super().create(obj)
+
+    def remove_gate(self, namespace, name, position, gate, attempt):
+        self.gate_removals += 1
+        return super().remove_gate(namespace, name, position, gate, attempt)
 
     def get_job(self, namespace, name):
         self.reads["get_job"] += 1
@@ -130,3 +143,32 @@ def test_a_reduced_pod_reads_as_the_full_one():
     assert PodView.from_object(reduced) == PodView.from_object(full).__class__(
         **{**PodView.from_object(full).__dict__, "raw": reduced})
     assert "managedFields" not in reduced["metadata"] and "volumes" not in reduced["spec"]
+
+
+def test_gates_removed_are_not_removed_again_while_the_watch_still_shows_them():
+    api, inventory, reconciler = world("j1")
+    assert reconciler.reconcile("team", "j1").action == "create"
+    assert api.gate_removals == 4
+    for obj in api.as_created.values():  # the watch delivers the creates; the removals lag behind
+        inventory.pods.apply("ADDED", copy.deepcopy(obj))
+    assert all(not p["spec"]["schedulingGates"] for p in inventory.job_pods("team", "j1"))
+    again = reconciler.reconcile("team", "j1")
+    assert api.gate_removals == 4 and again.action != "ungate" and not again.ungate
+    assert again.status["phase"] == "Scheduling"
+    deliver_pods(api, inventory)  # the removals arrive: nothing is expected any more
+    assert inventory.pods.ungated == {}
+
+
+def test_a_pod_made_again_under_the_same_name_reads_as_the_store_has_it():
+    api, inventory, reconciler = world("j1")
+    reconciler.reconcile("team", "j1")
+    for obj in api.as_created.values():
+        inventory.pods.apply("ADDED", copy.deepcopy(obj))
+    name = sorted(api.as_created)[0]
+    other = copy.deepcopy(api.as_created[name])
+    other["metadata"]["uid"] = "another-uid"  # deleted and created again, gated: not the pod ungated
+    inventory.pods.apply("ADDED", other)
+    (pod,) = [p for p in inventory.job_pods("team", "j1") if p["metadata"]["name"] == name]
+    assert pod["spec"]["schedulingGates"] == [{"name": "rlkube.io/gang"}]
+    inventory.pods.apply("DELETED", other)
+    assert (("team", name)) not in inventory.pods.ungated

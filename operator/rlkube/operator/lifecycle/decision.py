@@ -26,6 +26,9 @@ class Settings:
     # the local harness, whose nodes share one disk). Without it a job with no checkpoint.volumeClaim
     # is planned on one node only (cluster.largest_plan says why when it cannot be).
     host_path_shared: bool = False
+    # A status write that only updates pod counts (status.counts_only) comes at most this often
+    # per job; the latest counts are written when the interval ends. 0: every change at once.
+    status_coalesce_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,11 @@ def test_headless_service_resolves_pods_before_ready():
     _, objs = objects()
     svc = objs[0]["spec"]
     assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
-    assert svc["selector"] == {"rlkube.io/job": "tiny"}
+    # Pod 0 alone: its name is MASTER_ADDR, the only one resolved; no endpoint churn per pod.
+    assert svc["selector"] == {"rlkube.io/job": "tiny", "rlkube.io/pod-index": "0"}
+    assert [p["metadata"]["labels"]["rlkube.io/pod-index"] for p in objs[2:]][0] == "0"
+    env0 = {e["name"]: e["value"] for e in objs[2]["spec"]["containers"][0]["env"]}
+    assert env0["MASTER_ADDR"].startswith(f"{objs[2]['metadata']['name']}.tiny.")
     for pod in objs[2:]:
         assert pod["spec"]["hostname"] == pod["metadata"]["name"]
         assert pod["spec"]["subdomain"] == "tiny"

@@ -170,14 +170,14 @@ def eos_case(model, args, device, setup) -> dict:
     try:
         # one decoder for the settings on `rows` rows (refill is not part of its graphs): capture
         # and warm up on one wave of prompts; "all" gets its own, warmed up on every prompt
-        decoder = Decoder(model, batch_rows=rows)
+        decoder = Decoder(model, batch_rows=rows, compile_layers=args.compile_layers)
         run_ours(decoder, ids[:rows], mask[:rows], new, device, 11, eos)
         rec["graph_capture_s"] = decoder.last_stats["captureSeconds"]
         for variant in [v for v in args.refill.split(",") if v]:
             name, refill, compact = EOS_VARIANTS[variant]
             if variant == "all":
                 decoder.release()
-                decoder = Decoder(model)
+                decoder = Decoder(model, compile_layers=args.compile_layers)
                 run_ours(decoder, ids, mask, new, device, 11, eos)
             decoder.refill, decoder.compact = refill, compact
             seconds, out = run_ours(decoder, ids, mask, new, device, 12, eos)
@@ -303,6 +303,8 @@ def main(argv=None) -> int:
                     "all (a row per prompt, at once)")
     ap.add_argument("--cpu", action="store_true", help="run on CPU even where a GPU is present")
     ap.add_argument("--tiny", action="store_true", help="tiny shape and small cases: a dry run of every path")
+    ap.add_argument("--compile-layers", action="store_true",
+                    help="rlkube decodes through compiled decoder layers (engine/decode_layers.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.tiny:
@@ -320,11 +322,11 @@ def main(argv=None) -> int:
         "model": args.shape, "params": sum(p.numel() for p in model.parameters()), "dtype": str(dtype),
         "attention": "sdpa", "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "temperature": 1.0, "torch": torch.__version__, "transformers": transformers.__version__,
-        "hf_static_compiled": device.type == "cuda",
+        "hf_static_compiled": device.type == "cuda", "ours_compiled_layers": args.compile_layers,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
     results = []
-    graphs = Decoder(model)  # static cache + CUDA graphs on GPU
+    graphs = Decoder(model, compile_layers=args.compile_layers)  # static cache + CUDA graphs on GPU
     repeat_kv = Decoder(model)  # ablation: HF's masked sdpa decode (repeats KV heads)
     repeat_kv.gqa_decode = False
     for batch in [int(b) for b in args.batches.split(",") if b]:

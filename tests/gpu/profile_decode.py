@@ -47,7 +47,7 @@ def kernel_profile(decoder: Decoder, read_len: int, top: int = 12) -> dict:
     batch = decoder._batch
     steps = 3
     # The decoder's own attention (grouped-query decode, its sdpa kernel), as inside generate.
-    with _DecodeAttention(decoder.model, decoder.gqa_decode):
+    with _DecodeAttention(decoder.model, decoder.gqa_decode), decoder._compiled_layers:
         batch._step(read_len)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -64,7 +64,7 @@ def kernel_profile(decoder: Decoder, read_len: int, top: int = 12) -> dict:
 
 
 def run(model, ids, mask, args, device) -> dict:
-    decoder = Decoder(model)
+    decoder = Decoder(model, compile_layers=args.compile_layers)
     first, _ = run_ours(decoder, ids, mask, args.new_tokens, device, seed=0)
     steady, _ = run_ours(decoder, ids, mask, args.new_tokens, device, seed=1)
     batch = decoder._batch
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--compile-layers", action="store_true", help="decode through compiled layers (decode_layers.py)")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     model = build(args.shape, device, torch.bfloat16)
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
     floor = floor_seconds_per_step(model, args.batch, args.prompt_tokens, args.new_tokens, 2)
     result = run(model, ids, mask, args, device)
     result["floorFraction"] = round(floor / (result["msPerStep"] / 1e3), 3)
-    print(json.dumps({"shape": args.shape, "batch": args.batch, **result}), flush=True)
+    print(json.dumps({"shape": args.shape, "batch": args.batch, "compileLayers": args.compile_layers, **result}),
+          flush=True)
     return 0
 
 

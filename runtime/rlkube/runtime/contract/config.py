@@ -102,8 +102,9 @@ class ModelSpec(Spec):
         default="auto",
         description="DPO/KTO: torch.compile each decoder layer of the actor and reference (regional "
         "compilation: norms, rotary, activation and residual ops fused around the matmuls). 'auto' is "
-        "'layers' on CUDA and 'off' on CPU; the first steps pay the compile (logged). PPO/GRPO run "
-        "their layers uncompiled (generation shares them).",
+        "'layers' on CUDA and 'off' on CPU; the first steps pay the compile (logged). PPO/GRPO: the "
+        "actor generates through its layers compiled (the KV cache written outside the graphs) and "
+        "trains them uncompiled.",
     )
     lora: LoraSpec | None = Field(
         default=None,

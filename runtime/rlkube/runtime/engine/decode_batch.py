@@ -82,6 +82,9 @@ class SlotCache(Cache):
         self.read_len = length
         self.prefill_rows: torch.Tensor | None = None
 
+    # Never traced: with the decoder layers compiled (decode_layers.py) the write stays this
+    # in-place scatter between the layer's two graphs, instead of a graph that copies the cache.
+    @torch.compiler.disable
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if self.keys[layer_idx] is None:
             self.keys[layer_idx] = key_states.new_zeros(self.rows, key_states.shape[1], self.length, key_states.shape[3])

@@ -29,6 +29,7 @@ import torch
 
 from rlkube.runtime.engine.decode_batch import BUCKETS, DecodeBatch, decode
 from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
+from rlkube.runtime.engine.decode_layers import CompiledDecodeLayers
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ class Decoder:
     """
 
     def __init__(self, model, static_cache: bool | None = None, cuda_graphs: bool | None = None,
-                 batch_rows: int | None = None, refill: bool = True):
+                 batch_rows: int | None = None, refill: bool = True, compile_layers: bool = False):
         self.model = model
         on_cuda = next(model.parameters()).device.type == "cuda"
         self.mode = _attention_mode(model)
@@ -246,6 +247,8 @@ class Decoder:
         self.compact = True
         self._batch = None
         self._smaller: dict[int, DecodeBatch] = {}
+        # Decoder layers through torch.compile while generating (decode_layers.py).
+        self._compiled_layers = CompiledDecodeLayers(model, compile_layers)
         self.capture_seconds_total = 0.0  # every DecodeBatch built (caches allocated, graphs captured)
         self.last_stats: dict = {}
 
@@ -288,7 +291,7 @@ class Decoder:
         if bool((prompt_mask[:, -1] == 0).any()):
             raise ValueError("generate: prompts must be left-padded (last column all real tokens)")
         rows = min(self.batch_rows or input_ids.shape[0], input_ids.shape[0])
-        with _DecodeAttention(self.model, self.gqa_decode):
+        with _DecodeAttention(self.model, self.gqa_decode), self._compiled_layers:
             if not self.static_cache:
                 if self.refill and rows < input_ids.shape[0]:
                     from rlkube.runtime.infra.log import warn_once

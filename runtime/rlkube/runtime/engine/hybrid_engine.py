@@ -73,6 +73,7 @@ class HybridEngine:
         cuda_graphs: bool | None = None,
         decode_rows: int | None = None,
         refill: bool = True,
+        compile_layers: bool = False,
     ) -> None:
         self.policy = policy
         self.optimizer = optimizer
@@ -83,9 +84,10 @@ class HybridEngine:
         # Graph capture pins the weights' addresses; FSDP re-gathers into fresh memory on each
         # unshard, so graphs would be re-captured per rollout. The Decoder notices (it keys its
         # graphs on the parameters' addresses) and re-captures only then.
-        # decode_rows / refill: rollout.decodeRows and rollout.refill (the Decoder's batch_rows).
+        # decode_rows / refill: rollout.decodeRows and rollout.refill (the Decoder's batch_rows);
+        # compile_layers: generate through compiled decoder layers (engine/decode_layers.py).
         self.decoder = Decoder(policy.lm, static_cache=static_cache, cuda_graphs=cuda_graphs,
-                               batch_rows=decode_rows, refill=refill)
+                               batch_rows=decode_rows, refill=refill, compile_layers=compile_layers)
         if self.units:
             # Sharded: every rollout re-captures, so one graph over the whole cache costs less
             # than capturing one per read-length bucket to save a share of the attention reads.

@@ -201,6 +201,11 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 COMPILED_MIN_TOKENS = 4096
 
 
+def compile_wanted(requested: str, device: torch.device) -> bool:
+    """model.compile: 'layers' always, 'auto' on CUDA only, 'off' never."""
+    return requested == "layers" or (requested == "auto" and device.type == "cuda")
+
+
 def compile_layers(model: torch.nn.Module, requested: str, device: torch.device) -> bool:
     """Regional compilation: `torch.compile` on each decoder layer of `model` in place, where
     `requested` ('auto': on CUDA only; 'layers'; 'off') asks for it. One layer's graph serves every
@@ -210,7 +215,7 @@ def compile_layers(model: torch.nn.Module, requested: str, device: torch.device)
     step. Training and a no-grad reference forward still get a graph each (grad mode is guarded).
     Call it after any copy of the model is made (a deep copy of a compiled layer would call the
     original's forward) and before FSDP wraps the layers. Returns whether it compiled."""
-    if requested == "off" or (requested == "auto" and device.type != "cuda"):
+    if not compile_wanted(requested, device):
         return False
     layers = decoder_layers(model)
     for layer in layers:

@@ -17,7 +17,7 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.lora import add_lora
-from rlkube.runtime.engine.models import build_causal_lm, shard
+from rlkube.runtime.engine.models import build_causal_lm, compile_wanted, shard
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.metrics import FlopModel
@@ -45,7 +45,8 @@ class ActorWorker(RoleWorker):
         policy = shard(policy, ctx, "actor")
         super().__init__(config, groups, policy, make_optimizer(policy))
         rollout = config.rollout
-        self.engine = HybridEngine(self.model, self.optimizer, decode_rows=rollout.decode_rows, refill=rollout.refill)
+        self.engine = HybridEngine(self.model, self.optimizer, decode_rows=rollout.decode_rows, refill=rollout.refill,
+                                   compile_layers=compile_wanted(config.model.compile, ctx.device))
         self.policy_loss = get_policy_loss(algorithm.policy_loss)
         self.kl_as_loss = algorithm.kl_as_loss(config.training)
         self.aggregation = get_loss_agg(config.training.loss_aggregation)

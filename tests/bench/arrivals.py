@@ -140,7 +140,7 @@ def request_counts(client) -> dict[str, float]:
     return out
 
 
-def request_delta(before: dict[str, float], after: dict[str, float], top: int = 16) -> dict[str, float]:
+def request_delta(before: dict[str, float], after: dict[str, float], top: int = 40) -> dict[str, float]:
     """after - before, the `top` largest by count, then their seconds."""
     delta = {key: after[key] - before.get(key, 0.0) for key in after}
     counts = sorted((k for k in delta if not k.endswith(" s") and delta[k] > 0), key=lambda k: -delta[k])[:top]

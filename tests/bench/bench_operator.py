@@ -28,7 +28,9 @@ kept Ready by the kwok controller, their taint tolerated by the spec). A pod wat
 (tests/bench/arrivals.py) gives per job the time its last pod was created and its last gate
 removed; reported: pods/s (all pods / first create -> last pod), p50/p99/max of create-returned ->
 all pods gated-free (`admitted`) and -> all pods created, the operator's CPU seconds and peak RSS
-over the arm, and its 'reconcile failed' log lines. The Indexed Job arm gets the same arrivals.
+over the arm, and its 'reconcile failed' log lines; the control plane's CPU (and per pod), the API
+server's requests by kind (and per pod), and the namespace's Events by who posted them and why.
+The Indexed Job arm gets the same arrivals.
 """
 
 from __future__ import annotations
@@ -195,9 +197,27 @@ def steady(env: Env, arm: str, jobs: int, rate: float, operator: Operator | None
                    operator_cpu_share=round((usage.cpu_seconds() - usage.start_cpu) / (time.monotonic() - t0), 2),
                    operator_mem_mib=usage.memory_mib())
     out["control_plane_cpu_s"] = plane_cpu  # over the same window as the pods' (all arrived and done)
+    out["control_plane_cpu_ms_per_pod"] = round(1000 * sum(plane_cpu.values()) / pods, 1)
     out["window_s"] = round(elapsed, 1)
     out["apiserver_requests"] = requests  # every client's, the arm's window (see arrivals.request_counts)
+    out["requests_per_pod"] = {k: round(v / pods, 3) for k, v in requests.items() if not k.endswith(" s")}
+    out["events_by_source"] = events_by_source(env)  # counted after the window: who posts them, and why
     return out
+
+
+def events_by_source(env: Env) -> dict[str, int]:
+    """The namespace's Events counted by 'component reason' (the scheduler's are events.k8s.io
+    ones, which the core view names by reportingComponent)."""
+    try:
+        events = env.api.request("GET", f"/api/v1/namespaces/{env.namespace}/events", timeout=120).get("items") or []
+    except Exception as exc:  # a figure of the report, never a reason to lose the run's others
+        return {"error": repr(exc)[:200]}
+    counts: dict[str, int] = {}
+    for event in events:
+        who = event.get("reportingComponent") or (event.get("source") or {}).get("component") or "?"
+        key = f"{who} {event.get('reason')}"
+        counts[key] = counts.get(key, 0) + int(event.get("count") or 1)
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def operator_counters(operator: Operator) -> dict:

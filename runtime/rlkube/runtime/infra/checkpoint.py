@@ -59,7 +59,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
 from rlkube.runtime.infra.progress import attempt_from_env
-from rlkube.runtime.infra.staging import DeviceSnapshot, device_snapshot_fits, pinned_like, state_bytes
+from rlkube.runtime.infra.staging import (
+    DeviceSnapshot,
+    PinnedPool,
+    device_snapshot_fits,
+    pinned_like,
+    same_layout,
+    state_bytes,
+)
 
 META = "rlkube-checkpoint.json"
 FENCE = "rlkube-fence.json"
@@ -211,6 +218,8 @@ class Checkpointer:
         self._stager = None
         self._snapshot: DeviceSnapshot | None = None
         self._preparing: threading.Thread | None = None
+        self._pool: PinnedPool | None = None  # see reserve()
+        self._pool_host: dict | None = None  # the host state carved from it, reused between saves
         self._staging = staging
         if background:
             # Pinned buffers kept between saves on CUDA; plain copies on CPU (no pinning there).
@@ -251,6 +260,24 @@ class Checkpointer:
 
         self._preparing = threading.Thread(target=allocate, name="rlkube-checkpoint-pin", daemon=True)
         self._preparing.start()
+
+    def reserve(self, nbytes: int) -> None:
+        """Start page-locking `nbytes` of host memory for the writer's copies of device snapshots
+        (staging.PinnedPool), on a thread: call before the first step, whose time is compile.
+        Only for background saves that may snapshot on a CUDA device."""
+        if self._snapshot is not None and self.ctx.device.type == "cuda" and self._pool is None and nbytes > 0:
+            self._pool = PinnedPool(nbytes)
+
+    def _host_for(self, snapshot: dict) -> dict | None:
+        """Where the writer puts a device snapshot: prepare()'s pinned buffers, else the reserved
+        pool's (carved once per layout), else None (pageable memory)."""
+        if self._stager.state_dict_cache is not None:
+            return self._stager.state_dict_cache
+        if self._pool is None:
+            return None
+        if self._pool_host is None or not same_layout(snapshot, self._pool_host):
+            self._pool_host = self._pool.carve(snapshot)
+        return self._pool_host
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict,
              model_meta: dict | None = None) -> Path:
@@ -345,10 +372,19 @@ class Checkpointer:
         self._group_barrier()
 
     def _write_in_background(self, step: int, tmp: Path, state: dict, meta: dict, snapshot: list) -> None:
+        t0 = time.perf_counter()
         try:
             if snapshot:
-                host = self._stager.state_dict_cache  # prepare()'s pinned buffers, when there are
-                state = self._snapshot.to_host(*snapshot.pop(), host=host)  # the device copy is dropped here
+                device_state, event = snapshot.pop()
+                host = self._host_for(device_state)
+                state = self._snapshot.to_host(device_state, event, host=host)
+                del device_state  # the device copy is dropped here, before the write
+                if self.ctx.is_main:
+                    pool = self._pool
+                    emit({"event": "checkpointStaged", "step": step, "pinned": host is not None,
+                          "toHostSeconds": round(time.perf_counter() - t0, 4),
+                          "stateBytes": state_bytes(state), "poolBytes": pool.nbytes if pool else 0, "poolReady": bool(pool and pool.ready.is_set()),
+                          "poolError": pool.error if pool else None})
             self._write(step, tmp, state, meta)
         except BaseException as e:  # handed to the training thread by wait()
             self._error = e

@@ -13,6 +13,7 @@ the training kernels run) and frees it before writing. Without that room the pin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,20 @@ def state_bytes(state: Any) -> int:
 def device_snapshot_fits(snapshot_bytes: int, step_peak_bytes: int, total_bytes: int) -> bool:
     """Whether one more copy of the state fits on the card next to a training step's peak."""
     return snapshot_bytes + step_peak_bytes + HEADROOM_BYTES <= MAX_SHARE * total_bytes
+
+
+def checkpoint_bytes_estimate(model: torch.nn.Module) -> int:
+    """Host bytes a checkpoint of `model` with AdamW will need, before the optimizer has state:
+    the model's state dict (a tied embedding counted under both names, as the checkpoint holds
+    it), two moments per trainable parameter in its dtype (AdamW keeps them so), and room for the
+    step counters, each tensor's 64-byte alignment and 3% more. (Measured short by ~0.5 GB when it
+    counted parameters once: the pool went unused.)"""
+    params = list(model.parameters())
+    held_tensors = list(model.state_dict().values())  # a tied weight is there under each of its names
+    held = sum(t.numel() * t.element_size() for t in held_tensors if isinstance(t, torch.Tensor))
+    moments = sum(2 * p.numel() * p.element_size() for p in params if p.requires_grad)
+    tensors = len(held_tensors) + len(params) * 3
+    return held + moments + 128 * tensors + ((held + moments) >> 5)
 
 
 def pinned_like(state: dict) -> Callable[[], dict] | None:
@@ -75,6 +90,70 @@ def same_layout(a: dict, b: dict) -> bool:
         if isinstance(x, torch.Tensor) and (x.shape != y.shape or x.dtype != y.dtype):
             return False
     return True
+
+
+class PinnedPool:
+    """Page-locked host memory for the writer's copies of device snapshots, reserved once at
+    start-up on a thread of its own, in chunks.
+
+    Why: moving a device snapshot into pageable host memory held the step loop up for as long as
+    the copy ran (measured on an H200 with a 1.5B model: the step after each save took 6 s (GRPO)
+    and 12.9 s (PPO, actor + critic) instead of 1.3 s), and page-locking the buffers when a save
+    is due stalls the same way (step 2's 15.9 s, before 0688c1c). Reserved while the first step
+    runs (its time is compile, not GPU work), the pages are locked before the first save, and the
+    writer's copies into them are plain DMA on its own stream. Chunks of CHUNK bytes keep each
+    page-locking call short. A save that comes before the pool is ready, or whose state does not
+    fit, is moved to pageable memory as before.
+    """
+
+    CHUNK = 1 << 30
+
+    def __init__(self, nbytes: int, pin: bool = True, chunk: int = CHUNK) -> None:
+        self.chunks: list[torch.Tensor] = []
+        self.ready = threading.Event()
+        self.error: str | None = None
+        sizes = [min(chunk, nbytes - start) for start in range(0, max(nbytes, 0), chunk)]
+
+        def reserve() -> None:
+            try:
+                for size in sizes:
+                    self.chunks.append(torch.empty(size, dtype=torch.uint8, pin_memory=pin))
+            except Exception as e:  # no more pinned memory to be had: use what was reserved
+                self.error = f"{type(e).__name__}: {e}"
+            finally:
+                self.ready.set()
+
+        threading.Thread(target=reserve, name="rlkube-checkpoint-pin", daemon=True).start()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.numel() for c in self.chunks)
+
+    def carve(self, state: dict) -> dict | None:
+        """Host tensors shaped like `state`'s (views into the pool), or None when the pool is not
+        ready, a leaf is not a plain tensor (DTensor), or the state does not fit. Tensors do not
+        span chunks: the largest go first, each into the first chunk with room (a 1.5B model's
+        embedding is ~0.47 GB of a 1 GB chunk)."""
+        if not self.ready.is_set():
+            return None
+        leaves, spec = tree_flatten(state)
+        tensors = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        if any(type(leaves[i]) is not torch.Tensor and not isinstance(leaves[i], torch.nn.Parameter) for i in tensors):
+            return None
+        out = list(leaves)
+        used = [0] * len(self.chunks)
+        for i in sorted(tensors, key=lambda i: -leaves[i].numel() * leaves[i].element_size()):
+            t = leaves[i]
+            size = t.numel() * t.element_size()
+            for c, chunk in enumerate(self.chunks):
+                offset = -(-used[c] // 64) * 64
+                if offset + size <= chunk.numel():
+                    out[i] = chunk[offset:offset + size].view(t.dtype).view(t.shape)
+                    used[c] = offset + size
+                    break
+            else:
+                return None
+        return tree_unflatten(out, spec)
 
 
 class DeviceSnapshot:

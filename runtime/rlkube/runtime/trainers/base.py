@@ -40,6 +40,7 @@ from rlkube.runtime.infra.export import Exporter, model_meta
 from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for, step_fields
 from rlkube.runtime.infra.log import log
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
+from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
 from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import eval_due, eval_progress
@@ -152,6 +153,8 @@ class Trainer:
                 "resumed from %s at step %d (written by %d ranks, now %d)",
                 config.checkpoint.dir, self.start_step, meta["worldSize"], ctx.world_size,
             )
+        # Page-lock host memory for the checkpoint writer while the first step runs (staging.PinnedPool).
+        self.checkpointer.reserve(checkpoint_bytes_estimate(self.trainable))
         self.setup_seconds = time.perf_counter() - t0
         self.startup.mark("modelLoad")
 

@@ -8,6 +8,8 @@ checkpoint written from the views holds each tensor's own bytes, not the whole c
 
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
@@ -105,3 +107,40 @@ def test_estimate_counts_a_tied_embedding_as_the_checkpoint_does():
     estimate = checkpoint_bytes_estimate(model)
     assert state_bytes(state) <= estimate
     assert ready_pool(estimate, chunk=1 << 16).carve(state) is not None
+
+
+def test_device_snapshots_are_written_from_the_pool_and_restore(tmp_path, capsys):
+    """The writer carves the snapshot's host copy from the reserved pool (on CUDA the pool is
+    page-locked; here plain memory, the pool set directly since reserve() is CUDA-only), says so
+    in its checkpointStaged event, reuses the carved copy on the next save, and what it wrote
+    restores the saved state."""
+    from rlkube.runtime.infra.checkpoint import Checkpointer, committed
+    from rlkube.runtime.infra.distributed import DistContext
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    ctx = DistContext()
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=ctx, background=True, staging="device")
+    ck._pool = ready_pool(checkpoint_bytes_estimate(model))
+    ck.save(1, model, opt, {})
+    ck.wait()
+    carved = ck._pool_host
+    assert carved is not None
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    ck.save(2, model, opt, {})
+    ck.close()
+    assert ck._pool_host is carved  # same layout: carved once
+    staged = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "checkpointStaged" in line]
+    assert [e["pinned"] for e in staged] == [True, True] and staged[0]["stateBytes"] <= staged[0]["poolBytes"]
+    assert [s for s, _ in committed(tmp_path)] == [1, 2]
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    other_opt = torch.optim.AdamW(other.parameters(), lr=0.1)
+    Checkpointer(str(tmp_path), keep=3, ctx=ctx).restore(other, other_opt)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+    sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
+    assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)

@@ -69,5 +69,9 @@ def test_trainer_compiled_layers_are_left_alone():
     decoder = Decoder(model, compile_layers=True)
     with decoder._compiled_layers:
         assert layers[0]._compiled_call_impl is own
-        assert layers[1]._compiled_call_impl is not None
+        compiled = layers[1]._compiled_call_impl
+        assert compiled is not None
+        with decoder._compiled_layers.paused():  # a prefill: eager, the trainer's own compile kept
+            assert layers[0]._compiled_call_impl is own and layers[1]._compiled_call_impl is None
+        assert layers[1]._compiled_call_impl is compiled
     assert layers[0]._compiled_call_impl is own and layers[1]._compiled_call_impl is None

@@ -233,7 +233,8 @@ class DecodeBatch:
             q[None, None, :] == q[None, :, None])
         self.cache.prefill_rows = rows
         try:
-            logits = self.decoder._forward(ids, positions, self.decoder._bias(allowed[:, None]), self.cache)
+            with self.decoder._compiled_layers.paused():  # decode_layers.py: prefills run eagerly
+                logits = self.decoder._forward(ids, positions, self.decoder._bias(allowed[:, None]), self.cache)
         finally:
             self.cache.prefill_rows = None
         self.logits.index_copy_(0, rows, logits.to(self.logits.dtype))

@@ -11,12 +11,17 @@ the cache write and the part after it, and the write stays the in-place scatter 
 
 Within the context, every decoder layer that is not compiled already runs through a compiled
 copy of its call (made once per layer and kept, dynamic in the batch and length dimensions, so
-compaction's smaller batches and the read-length buckets reuse one graph). On exit the layers
+compaction's smaller batches and the read-length buckets reuse one graph). Prompt prefills run
+the layers eagerly (`paused`): a prompt block is a different graph from a one-token step (dynamo
+specializes a dimension of 1), compiling it too doubled the graphs the first rollout compiles,
+and a prefill is one forward per refill against a decode step per token. On exit the layers
 are as they were, so training is unaffected. A layer the trainer compiled (DPO's
 `compile_layers`) is left to its own compiled call.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -50,6 +55,18 @@ class CompiledDecodeLayers:
             layer._compiled_call_impl = self.calls[i]
             self.swapped.append(layer)
         return self
+
+    @contextmanager
+    def paused(self):
+        """Within: the layers this context compiled run eagerly (a prefill: see DecodeBatch.fill)."""
+        swapped = [(layer, layer._compiled_call_impl) for layer in self.swapped]
+        for layer, _ in swapped:
+            layer._compiled_call_impl = None
+        try:
+            yield
+        finally:
+            for layer, call in swapped:
+                layer._compiled_call_impl = call
 
     def __exit__(self, *exc):
         for layer in self.swapped:

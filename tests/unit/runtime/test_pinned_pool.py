@@ -144,3 +144,32 @@ def test_device_snapshots_are_written_from_the_pool_and_restore(tmp_path, capsys
         assert torch.equal(a, b)
     sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
     assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
+
+
+def test_host_staging_buffers_come_from_the_pool_when_it_holds_the_state(tmp_path):
+    """With no room for a device snapshot, prepare() gives the host stager its buffers: from the
+    reserved pool when the state fits there (no second page-locked copy), and the save restores."""
+    from rlkube.runtime.infra.checkpoint import Checkpointer
+    from rlkube.runtime.infra.distributed import DistContext
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    ck = Checkpointer(str(tmp_path), keep=3, ctx=DistContext(), background=True, staging="host")
+    ck._stager.cache_staged_state_dict = True  # as on CUDA
+    pool = ck._pool = ready_pool(checkpoint_bytes_estimate(model))
+    ck.prepare(model, opt)
+    ck._preparing.join(timeout=30)
+    cache = ck._stager.state_dict_cache
+    chunk = pool.chunks[0]
+    start, end = chunk.data_ptr(), chunk.data_ptr() + chunk.numel()
+    assert start <= cache["model"]["0.weight"].data_ptr() < end
+    ck.save(1, model, opt, {})
+    ck.close()
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    other_opt = torch.optim.AdamW(other.parameters(), lr=0.1)
+    Checkpointer(str(tmp_path), keep=3, ctx=DistContext()).restore(other, other_opt)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)

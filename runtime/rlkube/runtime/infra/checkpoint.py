@@ -251,10 +251,14 @@ class Checkpointer:
         buffers = pinned_like(state)  # None: a leaf that is not a plain tensor
         if buffers is None:
             return
+        pool = self._pool
 
         def allocate() -> None:
             try:
-                stager.state_dict_cache = buffers()
+                # The memory reserve() page-locked at start-up, when the state fits in it: not a
+                # second pinned copy of the state next to it.
+                carved = pool.carve(state) if pool is not None and pool.ready.wait() else None
+                stager.state_dict_cache = carved if carved is not None else buffers()
             except Exception as e:  # no pinned memory to be had: the first save allocates as before
                 emit({"event": "checkpointPrepare", "error": f"{type(e).__name__}: {e}"})
 

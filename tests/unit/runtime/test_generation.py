@@ -150,3 +150,28 @@ def test_capture_seconds_count_only_the_calls_that_built_decode_batches():
     assert decoder.last_stats["captureSeconds"] == 0.0 and decoder.capture_seconds_total == built  # reused
     decoder.generate(ids, mask, SamplingParams(max_new_tokens=7, temperature=0.0))  # a new cache length
     assert decoder.last_stats["captureSeconds"] > 0
+
+
+def test_a_model_compile_cannot_take_is_decoded_uncompiled(monkeypatch, caplog):
+    """Decoding through compiled layers (engine/decode_layers.py) that fail to compile falls back
+    to the uncompiled layers for this call and the later ones, with a warning, and the same tokens."""
+    import rlkube.runtime.engine.decode_layers as decode_layers
+
+    def failing_compile(fn, **kwargs):
+        def call(*args, **kw):
+            raise torch._dynamo.exc.TorchDynamoException("cannot trace this model")
+        return call
+
+    model = tiny_model()
+    ids, mask = left_padded(PROMPTS)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, pad_token_id=PAD)
+    expected = Decoder(model).generate(ids, mask, params).response_ids
+    monkeypatch.setattr(decode_layers.torch, "compile", failing_compile)
+    decoder = Decoder(model, compile_layers=True)
+    with caplog.at_level("WARNING"):
+        out = decoder.generate(ids, mask, params)
+    assert torch.equal(out.response_ids, expected)
+    assert "compiling the decoder layers failed" in caplog.text
+    assert not decoder._compiled_layers.layers
+    assert all(layer._compiled_call_impl is None for layer in model.model.layers)
+    assert torch.equal(decoder.generate(ids, mask, params).response_ids, expected)

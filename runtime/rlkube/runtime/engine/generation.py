@@ -291,6 +291,20 @@ class Decoder:
         if bool((prompt_mask[:, -1] == 0).any()):
             raise ValueError("generate: prompts must be left-padded (last column all real tokens)")
         rows = min(self.batch_rows or input_ids.shape[0], input_ids.shape[0])
+        try:
+            return self._generate(input_ids, prompt_mask, params, generator, rows)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            if not self._compiled_layers.layers:
+                raise
+            # A model torch.compile cannot take (its layers restored on the way out): decode it
+            # uncompiled from here on rather than fail the rollout.
+            log.warning("generation: compiling the decoder layers failed (%s: %s); decoding them uncompiled",
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self._compiled_layers = CompiledDecodeLayers(self.model, False)
+            self.release()
+            return self._generate(input_ids, prompt_mask, params, generator, rows)
+
+    def _generate(self, input_ids, prompt_mask, params: SamplingParams, generator, rows: int) -> GenerationOutput:
         with _DecodeAttention(self.model, self.gqa_decode), self._compiled_layers:
             if not self.static_cache:
                 if self.refill and rows < input_ids.shape[0]:

@@ -50,12 +50,18 @@ def progress_message(api) -> str:
     return next(c["message"] for c in api.jobs["j1"]["status"]["conditions"] if c["type"] == "Progressing")
 
 
-def test_counts_alone_wait_for_the_interval_then_the_latest_is_written():
-    api, inventory, reconciler = world(5.0)
+def one_pod_bound(interval: float):
+    """A job created, its pods delivered by the watch and one of them bound; the status writes so far."""
+    api, inventory, reconciler = world(interval)
     reconciler.reconcile("team", "j1")
     deliver_pods(api, inventory)
     writes = api.status_writes
     bind(api, inventory, 1)
+    return api, inventory, reconciler, writes
+
+
+def test_counts_alone_wait_for_the_interval_then_the_latest_is_written():
+    api, inventory, reconciler, writes = one_pod_bound(5.0)
     first = reconciler.reconcile("team", "j1")
     assert first.status["phase"] == "Scheduling" and "1/4 pods bound" in first.status["conditions"][2]["message"]
     assert api.status_writes == writes and 0 < first.requeue_after <= 5.0  # held back, and asked back
@@ -67,11 +73,7 @@ def test_counts_alone_wait_for_the_interval_then_the_latest_is_written():
 
 
 def test_without_an_interval_every_change_is_written():
-    api, inventory, reconciler = world(0.0)
-    reconciler.reconcile("team", "j1")
-    deliver_pods(api, inventory)
-    writes = api.status_writes
-    bind(api, inventory, 1)
+    api, _, reconciler, writes = one_pod_bound(0.0)
     reconciler.reconcile("team", "j1")
     assert api.status_writes == writes + 1 and progress_message(api) == "1/4 pods bound"
 

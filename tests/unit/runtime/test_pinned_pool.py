@@ -127,13 +127,13 @@ def test_device_snapshots_are_written_from_the_pool_and_restore(tmp_path, capsys
     ck._pool = ready_pool(checkpoint_bytes_estimate(model))
     ck.save(1, model, opt, {})
     ck.wait()
-    carved = ck._pool_host
+    carved = ck._stager.state_dict_cache
     assert carved is not None
     model(torch.randn(5, 4)).sum().backward()
     opt.step()
     ck.save(2, model, opt, {})
     ck.close()
-    assert ck._pool_host is carved  # same layout: carved once
+    assert ck._stager.state_dict_cache is carved  # same layout: carved once
     staged = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "checkpointStaged" in line]
     assert [e["pinned"] for e in staged] == [True, True] and staged[0]["stateBytes"] <= staged[0]["poolBytes"]
     assert [s for s, _ in committed(tmp_path)] == [1, 2]

@@ -219,7 +219,6 @@ class Checkpointer:
         self._snapshot: DeviceSnapshot | None = None
         self._preparing: threading.Thread | None = None
         self._pool: PinnedPool | None = None  # see reserve()
-        self._pool_host: dict | None = None  # the host state carved from it, reused between saves
         self._staging = staging
         if background:
             # Pinned buffers kept between saves on CUDA; plain copies on CPU (no pinning there).
@@ -273,15 +272,17 @@ class Checkpointer:
             self._pool = PinnedPool(nbytes)
 
     def _host_for(self, snapshot: dict) -> dict | None:
-        """Where the writer puts a device snapshot: prepare()'s pinned buffers, else the reserved
-        pool's (carved once per layout), else None (pageable memory)."""
-        if self._stager.state_dict_cache is not None:
-            return self._stager.state_dict_cache
-        if self._pool is None:
-            return None
-        if self._pool_host is None or not same_layout(snapshot, self._pool_host):
-            self._pool_host = self._pool.carve(snapshot)
-        return self._pool_host
+        """Where the writer puts a device snapshot: the host buffers kept between saves (the
+        stager's, which prepare() or an earlier save carved from the reserved pool), carved anew
+        from the pool when the layout changed; None when there are none of this layout (to_host
+        then uses pageable memory)."""
+        cache = self._stager.state_dict_cache
+        if cache is not None and same_layout(snapshot, cache):
+            return cache
+        carved = self._pool.carve(snapshot) if self._pool is not None else None
+        if carved is not None:
+            self._stager.state_dict_cache = carved
+        return carved
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict,
              model_meta: dict | None = None) -> Path:
@@ -386,9 +387,9 @@ class Checkpointer:
                 if self.ctx.is_main:
                     pool = self._pool
                     emit({"event": "checkpointStaged", "step": step, "pinned": host is not None,
-                          "toHostSeconds": round(time.perf_counter() - t0, 4),
-                          "stateBytes": state_bytes(state), "poolBytes": pool.nbytes if pool else 0, "poolReady": bool(pool and pool.ready.is_set()),
-                          "poolError": pool.error if pool else None})
+                          "toHostSeconds": round(time.perf_counter() - t0, 4), "stateBytes": state_bytes(state),
+                          "poolBytes": pool.nbytes if pool else 0,
+                          "poolReady": bool(pool and pool.ready.is_set()), "poolError": pool.error if pool else None})
             self._write(step, tmp, state, meta)
         except BaseException as e:  # handed to the training thread by wait()
             self._error = e

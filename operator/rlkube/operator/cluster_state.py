@@ -41,7 +41,7 @@ from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_
 from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle.catalog import NodeCatalog
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
-from rlkube.operator.observed import GANG_GATE
+from rlkube.operator.observed import GANG_GATE, gang_gated
 from rlkube.operator.watch import Reflector
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 
@@ -200,7 +200,7 @@ class PodStore:
                 self.use.drop(use.key)
             else:
                 self.use.put(use)
-            if use.key in self.ungated and (kind == "DELETED" or not _gang_gated(obj)):
+            if use.key in self.ungated and (kind == "DELETED" or not gang_gated(obj)):
                 del self.ungated[use.key]  # the watch caught up with the removal (or the pod went)
             if use.job and kind == "DELETED":
                 pods = self.by_job.get((use.key[0], use.job), {})
@@ -231,7 +231,7 @@ class PodStore:
         """`reduced` (a store pod; caller holds the lock), with the gang gate off where this
         operator's removal of it is not in the store yet."""
         expected = self.ungated.get(_key(reduced))
-        if expected is None or not _gang_gated(reduced):
+        if expected is None or not gang_gated(reduced):
             return reduced
         meta = reduced["metadata"]
         uid, attempt, at = expected
@@ -240,10 +240,6 @@ class PodStore:
             return reduced  # another pod of that name, or a watch far behind: as the store says
         gates = [g for g in reduced["spec"].get("schedulingGates") or () if g.get("name") != GANG_GATE]
         return {**reduced, "spec": {**reduced["spec"], "schedulingGates": gates}}
-
-
-def _gang_gated(pod: Mapping[str, Any]) -> bool:
-    return any(g.get("name") == GANG_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
 
 
 class NodeStore:

@@ -50,6 +50,22 @@ def format_time(value: dt.datetime) -> str:
     return value.astimezone(dt.timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def gang_gate_position(pod: Mapping[str, Any]) -> int | None:
+    """Where the rlkube.io/gang gate sits in `pod`'s spec.schedulingGates (the JSON patch that
+    removes it names the position), or None when the gang no longer holds the pod. `pod`: a raw
+    API object, a store's reduced copy or a pod this operator is about to create."""
+    for position, gate in enumerate((pod.get("spec") or {}).get("schedulingGates") or ()):
+        if gate.get("name") == GANG_GATE:
+            return position
+    return None
+
+
+def gang_gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the gang's scheduling gate still holds `pod` (kept from binding until the whole
+    gang is placed and created)."""
+    return gang_gate_position(pod) is not None
+
+
 def _int_or_none(value: Any) -> int | None:
     try:
         return int(value)
@@ -105,7 +121,6 @@ class PodView:
         labels = meta.get("labels") or {}
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
-        gates = [g.get("name") for g in spec.get("schedulingGates") or []]
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         trainer = next(
             (c for c in status.get("containerStatuses") or [] if c.get("name") == TRAINER_CONTAINER),
@@ -137,7 +152,7 @@ class PodView:
             attempt=_int_or_none(labels.get(LABEL_ATTEMPT)),
             phase=phase,
             node=spec.get("nodeName") or None,
-            gate_position=gates.index(GANG_GATE) if GANG_GATE in gates else None,
+            gate_position=gang_gate_position(obj),
             ready=(conditions.get("Ready") or {}).get("status") == "True",
             terminating=bool(meta.get("deletionTimestamp")),
             exit_code=exit_code,

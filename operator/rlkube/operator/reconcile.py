@@ -34,7 +34,7 @@ from rlkube.operator.lifecycle import Decision, Settings, decide
 from rlkube.operator.lifecycle.cluster import cluster_view_of
 from rlkube.operator.lifecycle.rejection import rejected
 from rlkube.operator.metrics import Metrics
-from rlkube.operator.observed import GANG_GATE, LABEL_JOB, JobView, owned_by, pod_views
+from rlkube.operator.observed import GANG_GATE, LABEL_JOB, JobView, gang_gated, owned_by, pod_views
 from rlkube.operator.progress_client import poll_progress
 from rlkube.operator.status import counts_only, status_patch
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT
@@ -289,7 +289,7 @@ class Reconciler:
         # the pods, before any can start, so a job deleted while no operator runs is still cleaned.
         record = cleanup.record(job, decision.status) if pods else None
         create = [*decision.create, record] if record else decision.create
-        if all(GANG_GATE in {g.get("name") for g in obj["spec"].get("schedulingGates") or ()} for obj in pods):
+        if all(gang_gated(obj) for obj in pods):
             list(self._writers.map(self._create_child, create))
         else:
             list(self._writers.map(self._create_child, [obj for obj in create if obj["kind"] != "Pod"]))

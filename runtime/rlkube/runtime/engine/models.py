@@ -73,7 +73,7 @@ def pick_attention(requested: str, device: torch.device, packed: bool = False) -
 def avoid_cudnn_sdpa(device: torch.device) -> None:
     """Take cuDNN out of sdpa's choice of kernels (process-wide), leaving flash and
     memory-efficient attention. torch 2.11 prefers cuDNN's attention on Hopper, and cuDNN builds an
-    execution plan for every new (rows, length) shape: measured on an H200 (tests/gpu/profile_dpo.py,
+    execution plan for every new (rows, length) shape: measured on an H200 (tests/gpu/profile_step.py,
     DPO with one sequence a row, lengths changing every micro-batch) ~2.5 ms of host time per
     attention call, the GPU idle ~40% of the step, and steps of 3.3 s that took 1.4-1.5 s without it."""
     if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):

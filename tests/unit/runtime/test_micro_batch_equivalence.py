@@ -24,7 +24,7 @@ class Worker(RoleWorker):
 
     role = "actor"
 
-    def micro_loss(self, seq, att, idx, rollout, scored, adv):
+    def micro_loss(self, seq, att, idx, rollout, scored, adv, host):
         resp = att[:, P:].to(torch.float64)
         cols = resp.shape[1]
         logits = self.model.weight[idx, :cols]

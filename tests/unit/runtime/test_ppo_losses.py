@@ -44,8 +44,8 @@ def test_policy_loss_matches_per_token_formula(lo, hi):
             > -ADV[b][t] * math.exp(LOGP[b][t] - OLD[b][t]) + 1e-12
         )
     )
-    assert stats.clip_fraction == pytest.approx(clipped)
-    assert stats.approx_kl == pytest.approx(token_mean(lambda b, t: OLD[b][t] - LOGP[b][t]), abs=1e-6)
+    assert float(stats.clip_fraction) == pytest.approx(clipped)
+    assert float(stats.approx_kl) == pytest.approx(token_mean(lambda b, t: OLD[b][t] - LOGP[b][t]), abs=1e-6)
 
 
 def test_policy_loss_gradient_is_zero_on_clipped_tokens():

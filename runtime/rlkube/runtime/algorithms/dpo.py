@@ -58,14 +58,16 @@ def pair_loss(logps: PairLogps, beta: float, loss_type: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PairStats:
-    """Sums over a set of pairs (so they add up across micro-batches and ranks)."""
+    """Sums over a set of pairs (so they add up across micro-batches and ranks). The sums are
+    detached 0-dim tensors on the losses' device: a float() per micro-batch would make the host
+    wait for its forward before launching the backward; the trainer reads a step's worth at once."""
 
     pairs: int
-    loss_sum: float
-    margin_sum: float  # sum of (chosen reward - rejected reward)
-    correct: int  # pairs whose chosen reward beats the rejected one
-    chosen_reward_sum: float
-    rejected_reward_sum: float
+    loss_sum: torch.Tensor
+    margin_sum: torch.Tensor  # sum of (chosen reward - rejected reward)
+    correct: torch.Tensor  # pairs whose chosen reward beats the rejected one
+    chosen_reward_sum: torch.Tensor
+    rejected_reward_sum: torch.Tensor
 
 
 def pair_stats(logps: PairLogps, losses: torch.Tensor, beta: float) -> PairStats:
@@ -75,9 +77,9 @@ def pair_stats(logps: PairLogps, losses: torch.Tensor, beta: float) -> PairStats
         rejected = beta * (logps.policy_rejected - logps.reference_rejected)
         return PairStats(
             pairs=int(losses.numel()),
-            loss_sum=float(losses.detach().sum()),
-            margin_sum=float((chosen - rejected).sum()),
-            correct=int((chosen > rejected).sum()),
-            chosen_reward_sum=float(chosen.sum()),
-            rejected_reward_sum=float(rejected.sum()),
+            loss_sum=losses.detach().sum(),
+            margin_sum=(chosen - rejected).sum(),
+            correct=(chosen > rejected).sum(),
+            chosen_reward_sum=chosen.sum(),
+            rejected_reward_sum=rejected.sum(),
         )

@@ -4,6 +4,11 @@ Pure functions of tensors shaped `[batch, time]` with a response `mask` (1 on to
 chose). The actor's token-level terms are reduced by a loss aggregation (`aggregation.py`,
 training.lossAggregation), token-mean by default: a long response weighs as many tokens as it
 has, and padding never enters a mean. The value loss is always token-mean.
+
+Diagnostics (clip fraction, approximate KL, the loss terms) are returned as detached 0-dim
+tensors on the loss's device, never as Python floats: a float() waits for the GPU, and one per
+micro-batch kept the device idle while the host launched each next stage. The trainer turns a
+mini-batch's worth into floats in one transfer (trainers/rl/update.py).
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ _MAX_LOG_RATIO = 20.0
 
 @dataclass(frozen=True)
 class PolicyLossStats:
-    """Diagnostics of one policy-loss evaluation (detached scalars)."""
+    """Diagnostics of one policy-loss evaluation (detached 0-dim tensors)."""
 
-    clip_fraction: float
-    approx_kl: float
-    ratio_mean: float
+    clip_fraction: torch.Tensor
+    approx_kl: torch.Tensor
+    ratio_mean: torch.Tensor
 
 
 def policy_loss(
@@ -60,9 +65,9 @@ def policy_loss(
     loss = aggregate(torch.maximum(unclipped, clipped), mask)
     with torch.no_grad():
         stats = PolicyLossStats(
-            clip_fraction=float(masked_mean((clipped > unclipped).float(), mask)),
-            approx_kl=float(masked_mean(-log_ratio, mask)),
-            ratio_mean=float(masked_mean(ratio, mask)),
+            clip_fraction=masked_mean((clipped > unclipped).float(), mask),
+            approx_kl=masked_mean(-log_ratio, mask),
+            ratio_mean=masked_mean(ratio, mask),
         )
     return loss, stats
 
@@ -73,7 +78,7 @@ def value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     clip: float,
-) -> tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss, token-mean: 0.5 * max((V - R)^2, (V_clipped - R)^2).
 
     V_clipped = old_V + clamp(V - old_V, -clip, clip): the critic may move at most `clip` away
@@ -85,7 +90,7 @@ def value_loss(
     clipped_error = (clipped_values - returns) ** 2
     loss = 0.5 * masked_mean(torch.maximum(unclipped_error, clipped_error), mask)
     with torch.no_grad():
-        clip_fraction = float(masked_mean((clipped_error > unclipped_error).float(), mask))
+        clip_fraction = masked_mean((clipped_error > unclipped_error).float(), mask)
     return loss, clip_fraction
 
 
@@ -186,7 +191,7 @@ def actor_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     aggregate: Aggregate = TOKEN_MEAN,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The actor's whole objective: policy loss + kl_coef * KL loss - entropy_coef * entropy,
     each term reduced by `aggregate` (training.lossAggregation).
 
@@ -195,17 +200,17 @@ def actor_loss(
     """
     loss, stats = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, aggregate)
     metrics = {
-        "policy_loss": float(loss.detach()),
+        "policy_loss": loss.detach(),
         "clip_fraction": stats.clip_fraction,
         "approx_kl": stats.approx_kl,
     }
     if ref_logprobs is not None and kl_coef:
         kl = kl_loss(logprobs, ref_logprobs, mask, kl_estimator, aggregate)
         loss = loss + kl_coef * kl
-        metrics["kl"] = float(kl.detach())
+        metrics["kl"] = kl.detach()
     if entropy is not None:
         mean_entropy = aggregate(entropy, mask)
-        metrics["entropy"] = float(mean_entropy.detach())
+        metrics["entropy"] = mean_entropy.detach()
         if entropy_coef:
             loss = loss - entropy_coef * mean_entropy
     return loss, metrics

@@ -39,7 +39,7 @@ AdvantageEstimator = Callable[[Mapping[str, torch.Tensor], torch.Tensor, Trainin
 # (logprobs, old_logprobs, advantages, mask, training, ref_logprobs=None, entropy=None) -> (loss, metrics);
 # ref_logprobs is passed only when the KL to the reference is a loss term, entropy only when
 # training.entropyCoef > 0.
-PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 _ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 _POLICY_LOSSES: dict[str, PolicyLoss] = {}

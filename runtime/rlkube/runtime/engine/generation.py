@@ -112,17 +112,20 @@ def sample_tokens(
     return torch.add(scores, noise.log_(), alpha=-params.temperature).argmax(dim=-1)
 
 
-def padded_causal_mask(attention_mask: torch.Tensor, mode: str, dtype: torch.dtype) -> torch.Tensor | None:
+def padded_causal_mask(attention_mask: torch.Tensor, mode: str, dtype: torch.dtype,
+                       host_mask: torch.Tensor | None = None) -> torch.Tensor | None:
     """The [B, 1, L, L] mask of padded rows (any mix of left and right padding) for a full
     forward: causal, real keys only, and every query may see itself, so pad queries stay finite.
 
     mode: 'sdpa' (bool, True = attend), 'eager' (additive float), or '2d' (returns the 2-D mask
     itself, for kernels such as flash-attention that take padding masks only). Returns None
-    when no row has left padding (the model's own causal mask is then exact).
+    when no row has left padding (the model's own causal mask is then exact). `host_mask`, the
+    same mask in host memory, answers that question without waiting for the device.
     """
     if mode == "2d":
         return attention_mask
-    if bool(attention_mask[:, 0].all()) and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+    seen = attention_mask if host_mask is None else host_mask
+    if bool(seen[:, 0].all()) and bool((seen[:, 1:] <= seen[:, :-1]).all()):
         # No left padding: plain causal attention already keeps real tokens off the trailing
         # pads, and without a mask sdpa can take its flash kernel instead of a masked one.
         return None

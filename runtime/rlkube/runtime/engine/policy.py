@@ -29,6 +29,15 @@ from rlkube.runtime.engine.generation import attention_mode, padded_causal_mask
 from rlkube.runtime.engine.logprobs import body_and_head
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without the host waiting: a copy from pageable memory may wait for
+    the stream's queued work (the CUDA driver stages it), so on CUDA the tensor is page-locked
+    first (torch's caching host allocator makes that cheap after the first step)."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids counting real tokens only (left padding gets 0), as generation used."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
@@ -36,12 +45,13 @@ def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def response_hidden(
     body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, mode: str,
-    dtype: torch.dtype,
+    dtype: torch.dtype, host_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hidden states [B, T, d] at the positions that predict response columns 0..T-1."""
+    """Hidden states [B, T, d] at the positions that predict response columns 0..T-1
+    (`host_mask`: `attention_mask` in host memory, see padded_causal_mask)."""
     out = body(
         input_ids=input_ids,
-        attention_mask=padded_causal_mask(attention_mask, mode, dtype),
+        attention_mask=padded_causal_mask(attention_mask, mode, dtype, host_mask),
         position_ids=positions_of(attention_mask),
         use_cache=False,
     )
@@ -71,15 +81,23 @@ class PolicyModel(torch.nn.Module):
         prompt_len: int,
         response_mask: torch.Tensor,
         with_entropy: bool = False,
+        host_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`host_mask`: `attention_mask` in host memory. Where the response tokens are decides the
+        shapes of the head's work; read from the host copy it costs no wait for the device (the
+        trainer passes it: a boolean index on the device waits for the whole body's forward)."""
         body, head = body_and_head(self.lm)
-        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode, head.weight.dtype)
-        valid = response_mask.bool()
-        picked = hidden[valid]
-        targets = input_ids[:, prompt_len:][valid]
+        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode, head.weight.dtype, host_mask)
+        valid = response_mask if host_mask is None else host_mask[:, prompt_len:]
+        where = valid.bool().flatten().nonzero().squeeze(1)
+        where = host_to_device(where, hidden.device) if where.device != hidden.device else where
+        picked = hidden.flatten(0, 1).index_select(0, where)
+        targets = input_ids[:, prompt_len:].flatten().index_select(0, where)
         logps, ent = head_logprobs(picked, head.weight, targets, chunk=self.chunk, temperature=self.temperature,
                                    with_entropy=with_entropy, fused=self.fused)
-        out = torch.zeros(response_mask.shape, dtype=torch.float32, device=logps.device)
-        out = out.masked_scatter(valid, logps)
-        entropy = torch.zeros_like(out).masked_scatter(valid, ent) if with_entropy else None
+        size = response_mask.numel()
+        out = logps.new_zeros(size, dtype=torch.float32).index_copy(0, where, logps.float()).view(response_mask.shape)
+        entropy = None
+        if with_entropy:
+            entropy = ent.new_zeros(size, dtype=torch.float32).index_copy(0, where, ent.float()).view(response_mask.shape)
         return out, entropy

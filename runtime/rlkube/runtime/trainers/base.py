@@ -99,6 +99,17 @@ def learning_rate(config: RuntimeConfig, step: int) -> float:
     return t.lr
 
 
+def host_numbers(values: dict) -> dict:
+    """`values` with every tensor scalar turned into a float, in one transfer (other values pass
+    through). Sums kept on the device over a step's micro-batches come to the host here: a float()
+    each would make the host wait for the device once per scalar."""
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    if not keys:
+        return dict(values)
+    got = torch.stack([values[k].detach().double().reshape(()) for k in keys]).tolist()
+    return {**values, **dict(zip(keys, got, strict=True))}
+
+
 def check_finite(value: float, step: int, what: str) -> None:
     """NonFiniteLoss (exit 4) naming the 1-based step when `value` is NaN or infinite."""
     if not math.isfinite(value):

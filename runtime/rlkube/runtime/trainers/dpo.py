@@ -57,7 +57,14 @@ from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.gpu_busy import JobBusy
 from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.infra.metrics import FlopModel
-from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, apply_update, run_trainer
+from rlkube.runtime.trainers.base import (
+    Trainer,
+    TrainerHooks,
+    TrainResult,
+    apply_update,
+    host_numbers,
+    run_trainer,
+)
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
 from rlkube.runtime.trainers.evaluation import preference_summary
 
@@ -222,6 +229,7 @@ class DPOTrainer(Trainer):
                         sums[key] += out[key]
         finally:
             self.policy.train(was_training)
+        sums = host_numbers(sums)
         return self.eval_summary(dict(zip(keys, all_reduce_sum(ctx, [sums[k] for k in keys]), strict=True)))
 
     def eval_summary(self, sums: dict[str, float]) -> dict:
@@ -257,7 +265,7 @@ class DPOTrainer(Trainer):
                         for key in self.TOTAL_KEYS:
                             totals[key] += out[key]
                         totals["seq_lens"].extend(out["seq_lens"])
-                return totals, plan
+                return host_numbers(totals), plan  # the step's one wait for its sums
             except torch.OutOfMemoryError:
                 if self.ctx.world_size > 1 or failed is None or not self.batcher.on_oom(failed):
                     raise

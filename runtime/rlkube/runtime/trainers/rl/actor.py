@@ -57,11 +57,11 @@ class ActorWorker(RoleWorker):
         return response_logprobs(self.model, rollout, rows, micro, self.groups.ctx.device)
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
-                   scored: dict, adv: dict) -> tuple[torch.Tensor, dict[str, float]]:
+                   scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg, dev, p = self.config.training, self.groups.ctx.device, rollout.prompt_len
         resp = att[:, p:].float()
         cols = resp.shape[1]
-        logps, entropy = self.model(seq, att, p, att[:, p:], with_entropy=cfg.entropy_coef > 0)
+        logps, entropy = self.model(seq, att, p, att[:, p:], with_entropy=cfg.entropy_coef > 0, host_mask=host)
         # A rollout trained on once has no old log-probs: the ratio is 1 at the current weights.
         old = scored["old_logprobs"][idx, :cols].to(dev) if "old_logprobs" in scored else logps.detach()
         a = adv["advantages"][idx]

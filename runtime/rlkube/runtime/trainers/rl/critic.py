@@ -32,17 +32,18 @@ class CriticWorker(RoleWorker):
         out = []
         for batch in micro_slices(rows, self.config.batching.max_micro_batch):
             seq, att = rollout.on_device(batch, self.groups.ctx.device)
-            out.append(to_response_width(self.model(seq, att, rollout.prompt_len).cpu(), rollout))
-        return torch.cat(out)
+            host = rollout.host_mask(batch, att.shape[1])
+            out.append(to_response_width(self.model(seq, att, rollout.prompt_len, host_mask=host), rollout))
+        return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
-                   scored: dict, adv: dict) -> tuple[torch.Tensor, dict[str, float]]:
+                   scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         dev, p = self.groups.ctx.device, rollout.prompt_len
         resp = att[:, p:].float()
         cols = resp.shape[1]
-        values = self.model(seq, att, p)
+        values = self.model(seq, att, p, host_mask=host)
         loss, clip_frac = value_loss(
             values, scored["values"][idx, :cols].to(dev), adv["returns"][idx, :cols].to(dev), resp,
             self.config.training.value_clip,
         )
-        return loss, {"value_loss": float(loss.detach()), "value_clip_fraction": clip_frac}
+        return loss, {"value_loss": loss.detach(), "value_clip_fraction": clip_frac}

@@ -23,6 +23,7 @@ from rlkube.runtime.data.prompts import PromptData, left_padded
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.engine.generation import SamplingParams
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
+from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 
 PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens
@@ -59,7 +60,12 @@ class Rollout:
         # Columns past the last real token of these rows are padding for all of them: drop them.
         att = self.attention_mask[rows]
         last = int(att.sum(dim=0).nonzero().max()) + 1
-        return self.sequences[rows, :last].to(device), att[:, :last].to(device)
+        return host_to_device(self.sequences[rows, :last], device), host_to_device(att[:, :last], device)
+
+    def host_mask(self, rows: slice | torch.Tensor, width: int) -> torch.Tensor:
+        """The attention mask of `rows` in host memory, its first `width` columns (what `on_device`
+        kept): what the host reads of a micro-batch without waiting for the device."""
+        return self.attention_mask[rows, :width]
 
 
 def to_response_width(t: torch.Tensor, rollout: Rollout) -> torch.Tensor:

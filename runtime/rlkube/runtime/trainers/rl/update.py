@@ -18,7 +18,7 @@ import torch
 from rlkube.runtime.algorithms.aggregation import TOKEN_MEAN, LossAggregation
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.gpu_busy import BusySampler
-from rlkube.runtime.trainers.base import apply_update
+from rlkube.runtime.trainers.base import apply_update, host_numbers
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout
 
@@ -55,8 +55,10 @@ class RoleWorker:
         self.model, self.optimizer = model, optimizer
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
-                   scored: dict, adv: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of the rows `idx` of the rollout (on the device as `seq`, `att`) and its terms."""
+                   scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of the rows `idx` of the rollout (on the device as `seq`, `att`; `host` is `att`'s
+        host copy, for what must be known without waiting for the device) and its terms (detached
+        0-dim tensors)."""
         raise NotImplementedError
 
     def train_pass(self, rollout: Rollout, scored: dict, adv: dict, order: torch.Tensor, step: int,
@@ -76,27 +78,49 @@ class RoleWorker:
         return totals
 
     def _accumulate(self, rollout: Rollout, scored: dict, adv: dict, mini: torch.Tensor, totals: PassTotals) -> float:
-        """Gradients of this rank's share of the mini-batch `mini`; the mini-batch's mean loss."""
+        """Gradients of this rank's share of the mini-batch `mini`; the mini-batch's mean loss.
+        One wait for the device, after the last micro-batch (see `backward_micro_batches`)."""
+        mini_weight = max(self.aggregation.weight(rollout.response_mask[mini]), 1.0)
+        sums = self.backward_micro_batches(rollout, scored, adv, mini, mini_weight, totals)
+        values = host_numbers(sums)
+        loss_sum = values.pop("")
+        for key, value in values.items():
+            totals.metrics[key] = totals.metrics.get(key, 0.0) + value
+        return self.groups.sum_in([loss_sum], self.role)[0] / mini_weight
+
+    def backward_micro_batches(self, rollout: Rollout, scored: dict, adv: dict, mini: torch.Tensor,
+                               mini_weight: float, totals: PassTotals) -> dict[str, torch.Tensor]:
+        """Forward and backward of this rank's share of `mini`, in micro-batches; the weighted sums
+        of the loss (key "") and of its terms (token-weighted), still on the device.
+
+        Nothing here waits for the device: what the host needs to know of a micro-batch (its
+        tokens, its weight, its rows' lengths, where its response tokens are) is read from the
+        rollout's host copy, and the loss and its terms are summed on the device (a float() per
+        micro-batch waited for each forward and backward, and the GPU idled while the host then
+        launched the next stage). tests/unit/runtime/test_host_syncs.py runs this on the meta
+        device, where any such wait raises."""
         size = self.config.batching.max_micro_batch
         ranks = self.groups.ranks[self.role]
         mine = mini[self.groups.rows_of(len(mini), self.role)]
-        mini_weight = max(self.aggregation.weight(rollout.response_mask[mini]), 1.0)
         micro = [mine[s : s + size] for s in range(0, len(mine), size)]
-        loss_sum = 0.0
+        device = self.groups.ctx.device
+        weighted: dict[str, list[torch.Tensor]] = {"": []}
         for k, idx in enumerate(micro):
             sync = getattr(self.model, "set_requires_gradient_sync", None)
             if sync is not None:
                 sync(k == len(micro) - 1)  # reduce-scatter once, after the last micro-batch
-            seq, att = rollout.on_device(idx, self.groups.ctx.device)
-            tokens = float(att[:, rollout.prompt_len :].float().sum())
-            weight = self.aggregation.weight(att[:, rollout.prompt_len :])
-            loss, metrics = self.micro_loss(seq, att, idx, rollout, scored, adv)
+            seq, att = rollout.on_device(idx, device)
+            host = rollout.host_mask(idx, att.shape[1])
+            tokens = float(host[:, rollout.prompt_len :].sum())
+            weight = self.aggregation.weight(host[:, rollout.prompt_len :])
+            loss, metrics = self.micro_loss(seq, att, idx, rollout, scored, adv, host)
             # the aggregate over the mini-batch of all ranks; FSDP divides gradients by the group size
             (loss * (weight / mini_weight * len(ranks))).backward()
-            loss_sum += float(loss.detach()) * weight
+            weighted[""].append(loss.detach().double() * weight)
             for key, value in metrics.items():
-                totals.metrics[key] = totals.metrics.get(key, 0.0) + value * tokens
+                weighted.setdefault(key, []).append(torch.as_tensor(value, dtype=torch.float64, device=device) * tokens)
             totals.tokens += int(tokens)
-            totals.seq_lens.extend(att.sum(dim=1).tolist())
+            totals.seq_lens.extend(host.sum(dim=1).tolist())
             totals.scored += int(tokens)
-        return self.groups.sum_in([loss_sum], self.role)[0] / mini_weight
+        return {key: torch.stack(v).sum() if v else torch.zeros((), dtype=torch.float64, device=device)
+                for key, v in weighted.items()}

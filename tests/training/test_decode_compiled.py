@@ -49,6 +49,11 @@ def test_compiled_layers_decode_the_same_tokens():
     eager = Decoder(model, batch_rows=2).generate(ids, mask, params)
     decoder = Decoder(model, batch_rows=2, compile_layers=True)
     compiled = decoder.generate(ids, mask, params)
+    # Every layer shares its graphs: the layer up to the cache write, the attention's call, and
+    # the rest after the write (4 in all; 6 while the batch's one-token prefill was compiled, its
+    # one-slot mask specializing the key length, and each graph is compile time at start-up).
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs <= 4, graphs
     assert torch.equal(compiled.response_ids, eager.response_ids)
     assert torch.equal(compiled.response_mask, eager.response_mask)
     assert len(set(eager.response_lengths.tolist())) > 1  # the completions ended at different lengths
@@ -59,6 +64,7 @@ def test_compiled_layers_decode_the_same_tokens():
     again = decoder.generate(ids, mask, params)
     assert torch.equal(again.response_ids, eager.response_ids)
     assert decoder._compiled_layers.calls == calls
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # nothing compiled again
 
 
 def test_trainer_compiled_layers_are_left_alone():

@@ -138,9 +138,12 @@ class DecodeBatch:
                                   device=device)
         # A one-token prefill of every row allocates the cache at its final addresses and gives
         # the logits buffer its shape and dtype (bf16 on GPU: sampling reads them as they are).
+        # Eager, as every prefill (decode_layers.py): compiled, its one-slot mask made the layers'
+        # first graphs specialize the key length to 1, and the first decode step compiled them again.
         self.cache.prefill_rows = torch.arange(rows, device=device)
         self.mask[..., 0] = self.allowed[..., 0]
-        first = decoder._forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
+        with decoder._compiled_layers.paused():
+            first = decoder._forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
         self.cache.prefill_rows = None
         self.logits = first.clone()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -323,6 +324,32 @@ def long_job(deployed, prefix: str, **spec: Any) -> tuple[str, dict]:
 def rank0_pod(cluster, ns: str, name: str) -> dict:
     (pod,) = [p for p in job_pods(cluster, ns, name) if p["metadata"]["labels"].get("rlkube.io/pod-index") == "0"]
     return pod
+
+
+class FollowedLogs:
+    """`kubectl logs -f` of the given pods, from now until `stop()`: what an attempt printed while it
+    shut down, kept after its pods are gone (a test's failure message quotes it)."""
+
+    def __init__(self, cluster, ns: str, pods: list[str]):
+        self.files = {pod: tempfile.TemporaryFile(mode="w+") for pod in pods}
+        self.procs = [subprocess.Popen([str(bins.kubectl()), f"--kubeconfig={cluster.kubeconfig}", "logs", "-f",
+                                        "-n", ns, pod, "--all-containers", "--prefix", "--since=30s"],
+                                       stdout=out, stderr=subprocess.STDOUT)
+                      for pod, out in self.files.items()]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=10)
+
+    def tail(self, lines: int = 25) -> str:
+        """The last `lines` of each pod's log, under its name."""
+        out = []
+        for pod, f in self.files.items():
+            f.seek(0)
+            out.append(f"--- {pod} (last {lines} lines)\n" + "".join(f.readlines()[-lines:]))
+        return "\n".join(out)
 
 
 def resumed_step(cluster, ns: str, name: str) -> int | None:

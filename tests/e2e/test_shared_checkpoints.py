@@ -50,13 +50,16 @@ def test_a_two_node_job_killed_resumes_from_its_last_step_on_a_shared_volume(dep
                                   f"Running at step >= {EVERY + 5}", timeout=420)
         assert {p["node"] for p in running["status"]["placement"]["pods"]} == {n.name for n in cluster.nodes}
         at_kill = deploy.step(running)
+        old = deploy.FollowedLogs(cluster, ns, [p["metadata"]["name"] for p in deploy.job_pods(cluster, ns, name)])
         cluster.kubectl("delete", "pods", "-n", ns, "-l", f"rlkube.io/job={name}", "--wait=false")
 
         done = deploy.wait_phase(cluster, ns, name, "Succeeded", timeout=600)
+        old.stop()
         assert done["status"]["attempt"] >= 1 and done["status"]["progress"]["step"] == LONG_STEPS
         resumed = deploy.resumed_step(cluster, ns, name)
         # Deleted pods get SIGTERM, on which the trainer commits a checkpoint before it exits.
-        assert resumed is not None and resumed >= at_kill, (resumed, at_kill)
+        assert resumed is not None and resumed >= at_kill, (
+            f"resumed at {resumed}, killed at step {at_kill}; the killed attempt's pods said:\n{old.tail()}")
 
         # One commit marker over both ranks' shards (rank 0 on one node, rank 2 on the other).
         newest = max(path.glob("step-*/rlkube-checkpoint.json"))

@@ -169,3 +169,54 @@ def test_sigterm_during_a_background_write_commits_it_and_exits_143(reference_ru
     assert code == 0, err[-3000:]
     assert next(r for r in recs if r["event"] == "start")["startStep"] == stopped
     assert_same_as_reference(step_losses(recs), reference_run, stopped + 1)
+
+
+# The save that SIGTERM asks for is held at its commit until a second SIGTERM comes: by then the
+# loop has stopped and only the writer works. As in a pod, the start-up handler (infra/sigterm.py)
+# is installed first; checkpoint.everySteps lies past the run, so the held save is the stop's.
+HOLD_STOP_SAVE = textwrap.dedent(
+    """
+    import json, sys, threading, torch
+    torch.set_num_threads(1)
+    from rlkube.runtime.cli import load_config
+    from rlkube.runtime.infra.errors import Terminated
+    from rlkube.runtime.infra.sigterm import stop_while_starting
+    from rlkube.runtime.trainers import loop
+    from rlkube.runtime.trainers.dpo import TrainerHooks, train
+
+    stop_while_starting()
+    seen = threading.Semaphore(0)
+    handle = loop.SigtermFlag._handle
+    def noted(self, signum, frame):
+        handle(self, signum, frame)
+        seen.release()
+    loop.SigtermFlag._handle = noted
+
+    def held(step):
+        seen.acquire(timeout=300)  # the first SIGTERM, which stopped the loop
+        print(json.dumps({"event": "writerHeld", "step": step}), flush=True)
+        seen.acquire(timeout=300)  # the second
+
+    try:
+        train(load_config(sys.argv[1]), hooks=TrainerHooks(before_checkpoint_commit=held))
+    except Terminated:
+        sys.exit(143)
+    """
+)
+
+
+def test_a_second_sigterm_while_the_stop_save_is_written_does_not_end_the_process_before_its_commit(tmp_path):
+    path = write_config(tmp_path, tiny_config(tmp_path, checkpoint={"everySteps": 100}))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_STOP_SAVE, str(path)], cwd=ROOT, env=runtime_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if any(r.get("event") == "step" and r["step"] >= 2 for r in records(line)):
+            proc.send_signal(signal.SIGTERM)
+            break
+    wait_for_held(proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]  # -15 before: the second SIGTERM ended it uncommitted
+    stopped = latest(tmp_path / "ckpt")
+    assert stopped is not None and stopped[0] >= 2
+    assert any(r.get("event") == "checkpoint" and r["step"] == stopped[0] for r in records(out))

@@ -8,10 +8,11 @@ terminationGracePeriodSeconds (120 s) before the kubelet's SIGKILL, committing c
 attempt the operator had already ended; the chaos soak saw a GRPO pod deleted a second before its
 first step train all 200 steps and export (2026-12-04 14:50).
 
-So `run` installs `stop_while_starting` first thing, and the loop calls `training_started` once its
-own handler is in place. Stopping during start-up loses nothing: the attempt has trained no step,
-and what it resumes from is already committed. After the loop has ended (its last save, the export)
-a SIGTERM gets the default action again, as before: ignored in PID 1, the end elsewhere. Kept free
+So `run` installs `stop_while_starting` first thing, and the trainer calls `training_started` once
+the loop's handler is in place. Stopping during start-up loses nothing: the attempt has trained no
+step, and what it resumes from is already committed. Once the trainer's last save has committed
+(trainers/loop.py, SigtermFlag) a SIGTERM gets the default action again, as before: ignored in PID
+1, the end elsewhere. Kept free
 of torch, so the handler is in place before torch is imported.
 """
 

@@ -44,7 +44,7 @@ from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
 from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import eval_due, eval_progress
-from rlkube.runtime.trainers.loop import run_steps, train_on_this_rank
+from rlkube.runtime.trainers.loop import SigtermFlag, run_steps, train_on_this_rank
 
 
 @dataclass
@@ -287,15 +287,16 @@ class Trainer:
 
         # parameter_budget: what partial freezing (training.trainableModules) saves, in numbers
         start = {**self.start_event(), "startupSeconds": self.startup.seconds(), **parameter_budget(self.trainable)}
-        try:
-            run_steps(self.config, self.ctx, self.start_step, start, one_step, self.save,
-                      self.progress_with_eval, report=self.report(), busy_ranks=lambda: self.job_busy.ranks,
-                      export=self.export)
-        finally:
+        with SigtermFlag() as sigterm:  # until the last save has committed (see SigtermFlag)
             try:
-                self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
+                run_steps(self.config, self.ctx, sigterm, self.start_step, start, one_step, self.save,
+                          self.progress_with_eval, report=self.report(), busy_ranks=lambda: self.job_busy.ranks,
+                          export=self.export)
             finally:
-                self.close()
+                try:
+                    self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
+                finally:
+                    self.close()
         self.finish(result)
         return result
 

@@ -43,22 +43,31 @@ from rlkube.runtime.infra.sigterm import training_started
 
 
 class SigtermFlag:
-    """Set by SIGTERM; the loop checks it at step boundaries."""
+    """Set by SIGTERM; the loop checks it at step boundaries.
+
+    A context manager: the trainer holds it from its first step until its last save has committed
+    (base.Trainer.train), not only while the loop runs. A SIGTERM that comes after the loop stopped,
+    while that save is still written in the background (a second one from the kubelet or the pod's
+    launcher), must not end the process before the commit: it did, when the loop restored the
+    start-up handler on its way out (CI, 2026-12-05: a two-node job resumed 10+ steps back).
+    """
 
     def __init__(self) -> None:
         self.set = False
         self._old = None
 
-    def install(self) -> None:
+    def __enter__(self) -> SigtermFlag:
         try:
             self._old = signal.signal(signal.SIGTERM, self._handle)
         except ValueError:  # not the main thread (tests calling train() from a thread)
             self._old = None
+        training_started()  # SIGTERM now stops at a step boundary, after a checkpoint
+        return self
 
     def _handle(self, signum, frame) -> None:
         self.set = True
 
-    def restore(self) -> None:
+    def __exit__(self, *exc) -> None:
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
 
@@ -81,6 +90,7 @@ def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | No
 def run_steps(
     cfg: RuntimeConfig,
     ctx: DistContext,
+    sigterm: SigtermFlag,
     start_step: int,
     start_event: dict,
     step: Callable[[int], dict],
@@ -90,7 +100,8 @@ def run_steps(
     busy_ranks: Callable[[], list[dict]] | None = None,
     export: Callable[[int], dict | None] | None = None,
 ) -> None:
-    """Run steps `start_step` .. `training.steps - 1`.
+    """Run steps `start_step` .. `training.steps - 1`, stopping after a step when `sigterm` (the
+    caller's, entered) is set on any rank.
 
     `step(i)` trains step i and returns its record (an "event": "step" dict with at least
     tokens, loss, mfu, tokensPerSecond and gpuUtilization, which /progress shows); `save(n)`
@@ -105,9 +116,6 @@ def run_steps(
     progress = Progress(total, gpus=ctx.world_size) if ctx.is_main else None
     gauges = BusyGauges(progress.registry, ctx.role_ranks) if progress is not None and busy_ranks else None
     server = serve_progress(cfg, ctx, progress)
-    sigterm = SigtermFlag()
-    sigterm.install()
-    training_started()  # SIGTERM now stops at a step boundary, after a checkpoint
     tighten_timeout(ctx)
     if ctx.is_main:
         emit(start_event)
@@ -148,7 +156,6 @@ def run_steps(
             progress.update(phase="failed")
         raise
     finally:
-        sigterm.restore()
         if progress is not None:
             write_termination_message(progress)
         if server is not None:

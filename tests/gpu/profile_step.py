@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -65,14 +66,10 @@ def phases_traced(sampler):
     """The busy sampler with each phase also a profiler range named "phase:NAME"."""
     plain = sampler.phase
 
+    @contextmanager
     def phase(name):
-        from contextlib import contextmanager
-
-        @contextmanager
-        def both():
-            with plain(name), torch.profiler.record_function(f"phase:{name}"):
-                yield
-        return both()
+        with plain(name), torch.profiler.record_function(f"phase:{name}"):
+            yield
 
     sampler.phase = phase
     return sampler

@@ -96,7 +96,7 @@ def test_greedy_rollouts_with_refill_equal_all_rows_at_once(tmp_path):
     # ... and each row's old log-probs are those of its own sequence, computed alone.
     policy, p = reference.actor.model, want.prompt_len
     for row in (0, GROUP + 1, want.rows - 1):
-        seq, att = want.on_device(slice(row, row + 1), torch.device("cpu"))
+        seq, att, _ = want.on_device(slice(row, row + 1), torch.device("cpu"))
         with torch.no_grad():
             alone, _ = policy(seq, att, p, att[:, p:])
         n = int(att[0, p:].sum())

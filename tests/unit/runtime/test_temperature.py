@@ -62,7 +62,7 @@ def test_trainer_logprobs_equal_the_samplers_and_the_first_ratio_is_one(monkeypa
     assert (plain * resp - sampler).abs().max() > 1e-2
     # New log-probs the way actor.py takes them (with grad), on the same rows: ratio exactly 1.
     for rows in (slice(0, 2), slice(2, 3)):
-        seq, att = rollout.on_device(rows, torch.device("cpu"))
+        seq, att, _ = rollout.on_device(rows, torch.device("cpu"))
         p = rollout.prompt_len
         new, entropy = policy(seq, att, p, att[:, p:], with_entropy=True)
         cols = new.shape[1]

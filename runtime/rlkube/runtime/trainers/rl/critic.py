@@ -31,8 +31,7 @@ class CriticWorker(RoleWorker):
         """Per-token values of the responses of `rows` (the old values, at rollout time)."""
         out = []
         for batch in micro_slices(rows, self.config.batching.max_micro_batch):
-            seq, att = rollout.on_device(batch, self.groups.ctx.device)
-            host = rollout.host_mask(batch, att.shape[1])
+            seq, att, host = rollout.on_device(batch, self.groups.ctx.device)
             out.append(to_response_width(self.model(seq, att, rollout.prompt_len, host_mask=host), rollout))
         return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
 

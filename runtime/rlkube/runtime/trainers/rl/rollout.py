@@ -55,17 +55,15 @@ class Rollout:
     def rows(self) -> int:
         return self.sequences.shape[0]
 
-    def on_device(self, rows: slice | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sequences and attention mask of `rows` (a slice or row indices) on `device`."""
+    def on_device(self, rows: slice | torch.Tensor,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sequences and attention mask of `rows` (a slice or row indices) on `device`, and the same
+        mask in host memory: what the host reads of a micro-batch without waiting for the device."""
         # Columns past the last real token of these rows are padding for all of them: drop them.
         att = self.attention_mask[rows]
         last = int(att.sum(dim=0).nonzero().max()) + 1
-        return host_to_device(self.sequences[rows, :last], device), host_to_device(att[:, :last], device)
-
-    def host_mask(self, rows: slice | torch.Tensor, width: int) -> torch.Tensor:
-        """The attention mask of `rows` in host memory, its first `width` columns (what `on_device`
-        kept): what the host reads of a micro-batch without waiting for the device."""
-        return self.attention_mask[rows, :width]
+        host = att[:, :last]
+        return host_to_device(self.sequences[rows, :last], device), host_to_device(host, device), host
 
 
 def to_response_width(t: torch.Tensor, rollout: Rollout) -> torch.Tensor:

@@ -49,8 +49,7 @@ def response_logprobs(model: torch.nn.Module, rollout: Rollout, rows: slice, mic
     """Per-token log-probs of the responses of `rows` under `model` (a PolicyModel), `micro` rows at a time."""
     out = []
     for batch in micro_slices(rows, micro):
-        seq, att = rollout.on_device(batch, device)
-        host = rollout.host_mask(batch, att.shape[1])
+        seq, att, host = rollout.on_device(batch, device)
         logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :], host_mask=host)
         out.append(to_response_width(logps, rollout))
     return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch

@@ -109,8 +109,7 @@ class RoleWorker:
             sync = getattr(self.model, "set_requires_gradient_sync", None)
             if sync is not None:
                 sync(k == len(micro) - 1)  # reduce-scatter once, after the last micro-batch
-            seq, att = rollout.on_device(idx, device)
-            host = rollout.host_mask(idx, att.shape[1])
+            seq, att, host = rollout.on_device(idx, device)
             tokens = float(host[:, rollout.prompt_len :].sum())
             weight = self.aggregation.weight(host[:, rollout.prompt_len :])
             loss, metrics = self.micro_loss(seq, att, idx, rollout, scored, adv, host)

@@ -61,7 +61,7 @@ def sync():
         torch.cuda.synchronize()
 
 
-def run_ours(args, texts: list[str], rollout: dict | None = None) -> dict:
+def run_ours(args, texts: list[str], rollout: dict | None = None, compile_mode: str = "auto") -> dict:
     from rlkube.runtime.contract.config import RuntimeConfig
     from rlkube.runtime.infra.distributed import init_from_env
     from rlkube.runtime.trainers.rl import RLTrainer
@@ -74,7 +74,8 @@ def run_ours(args, texts: list[str], rollout: dict | None = None) -> dict:
     cuda = torch.cuda.is_available()
     config = RuntimeConfig.model_validate({
         "algorithm": "grpo",
-        "model": {"config": SHAPES[args.shape], "dtype": "bfloat16" if cuda else "float32", "attention": "sdpa"},
+        "model": {"config": SHAPES[args.shape], "dtype": "bfloat16" if cuda else "float32", "attention": "sdpa",
+                  "compile": compile_mode},
         "roles": {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"}},
         "data": {"source": data, "format": "jsonl", "maxSeqLen": args.prompt_tokens + args.new_tokens},
         "batching": {"globalBatch": args.prompts, "maxMicroBatch": args.micro, "mode": "fixed"},
@@ -204,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-rows", type=int, default=None, help="rollout.decodeRows of the on/off runs")
     ap.add_argument("--eos-median", type=float, default=None,
                     help="bias EOS so completions end at geometric lengths of this median (both sides)")
+    ap.add_argument("--compile", default="auto", help="rlkube's model.compile, a comma list: one rlkube run each "
+                    "(layers: scoring and training compiled too; give --warmup 2 for the dynamic-shape compile)")
     args = ap.parse_args(argv)
 
     n = args.prompts * (args.warmup + args.steps)
@@ -213,14 +216,17 @@ def main(argv=None) -> int:
     setup = {"model": args.shape, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
              "attention": "sdpa", "prompts_per_step": args.prompts, "group": args.group,
              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "torch": torch.__version__,
-             "transformers": transformers.__version__, "eos_median": args.eos_median,
+             "transformers": transformers.__version__, "eos_median": args.eos_median, "compile": args.compile,
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     by_rollout = {}
     if args.only != "trl":
+        modes = args.compile.split(",")
         for label, rollout in rollout_settings(args.refill, args.decode_rows):
-            by_rollout[label] = run_ours(args, texts, rollout) | {"rollout": rollout}
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            for mode in modes:
+                key = label if len(modes) == 1 else f"{label} compile={mode}"
+                by_rollout[key] = run_ours(args, texts, rollout, mode) | {"rollout": rollout, "compile": mode}
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
     ours = next(iter(by_rollout.values()), None)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

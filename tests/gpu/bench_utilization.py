@@ -133,7 +133,8 @@ def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | No
     steps = args.steps_of[case]
     tiny = args.tiny
     common = {
-        "model": {"path": str(model_dir), "dtype": "float32" if args.cpu else "bfloat16", "attention": "auto"},
+        "model": {"path": str(model_dir), "dtype": "float32" if args.cpu else "bfloat16", "attention": "auto",
+                  "compile": args.compile},
         "training": {"steps": steps, "lr": 1e-6, "seed": 0},
         "checkpoint": {"dir": str(work / "ckpt"), "everySteps": args.every, "keep": 1},
         "progressPort": 0,
@@ -325,6 +326,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="no GPU: run on CPU, no nvidia-smi")
     ap.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0",
                     help="the GPU nvidia-smi samples (the one the run uses)")
+    ap.add_argument("--compile", default="auto", choices=["auto", "layers", "off"],
+                    help="model.compile of every case (layers: PPO/GRPO also score and train compiled)")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds one case's CLI may run")
     ap.add_argument("--log-dir", default=None, help="keep each case's CLI stdout and stderr here")

@@ -68,17 +68,22 @@ def test_compiled_layers_decode_the_same_tokens():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - counted == graphs  # nothing compiled again
 
 
-def test_trainer_compiled_layers_are_left_alone():
+def test_a_layer_its_trainer_compiled_decodes_through_the_decode_call_and_gets_its_own_back():
+    """PPO/GRPO with `model.compile: layers` compile the layers for training (models.compile_layers);
+    a training graph would write the KV cache inside the graph, so generation takes the layer over."""
     model = tiny_model()
     layers = decoder_layers(model)
     own = object()
     layers[0]._compiled_call_impl = own
     decoder = Decoder(model, compile_layers=True)
     with decoder._compiled_layers:
-        assert layers[0]._compiled_call_impl is own
-        compiled = layers[1]._compiled_call_impl
-        assert compiled is not None
-        with decoder._compiled_layers.paused():  # a prefill: eager, the trainer's own compile kept
-            assert layers[0]._compiled_call_impl is own and layers[1]._compiled_call_impl is None
-        assert layers[1]._compiled_call_impl is compiled
+        decoding = [layer._compiled_call_impl for layer in layers]
+        assert own not in decoding and None not in decoding
+        with decoder._compiled_layers.paused():  # a prefill: every layer eager
+            assert all(layer._compiled_call_impl is None for layer in layers)
+        assert [layer._compiled_call_impl for layer in layers] == decoding
     assert layers[0]._compiled_call_impl is own and layers[1]._compiled_call_impl is None
+    # decode compile off (or FSDP-sharded layers): the trainer's graph is not used to decode either
+    with Decoder(model, compile_layers=False)._compiled_layers:
+        assert all(layer._compiled_call_impl is None for layer in layers)
+    assert layers[0]._compiled_call_impl is own

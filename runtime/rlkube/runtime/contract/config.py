@@ -102,9 +102,10 @@ class ModelSpec(Spec):
         default="auto",
         description="DPO/KTO: torch.compile each decoder layer of the actor and reference (regional "
         "compilation: norms, rotary, activation and residual ops fused around the matmuls). 'auto' is "
-        "'layers' on CUDA and 'off' on CPU; the first steps pay the compile (logged). PPO/GRPO: the "
-        "actor generates through its layers compiled (the KV cache written outside the graphs) and "
-        "trains them uncompiled.",
+        "'layers' on CUDA and 'off' on CPU; the first steps pay the compile (logged). PPO/GRPO: 'auto' "
+        "generates through the actor's layers compiled on CUDA (the KV cache written outside the "
+        "graphs) and scores and trains uncompiled; 'layers' also scores and trains the actor, critic "
+        "and reference through compiled layers.",
     )
     lora: LoraSpec | None = Field(
         default=None,

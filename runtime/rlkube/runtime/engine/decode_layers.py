@@ -15,8 +15,10 @@ compaction's smaller batches and the read-length buckets reuse one graph). Promp
 the layers eagerly (`paused`): a prompt block is a different graph from a one-token step (dynamo
 specializes a dimension of 1), compiling it too doubled the graphs the first rollout compiles,
 and a prefill is one forward per refill against a decode step per token. On exit the layers
-are as they were, so training is unaffected. A layer the trainer compiled (DPO's
-`compile_layers`) is left to its own compiled call.
+are as they were, so training is unaffected. A layer its trainer compiled for training
+(models.compile_layers: PPO/GRPO with `model.compile: layers`) generates through this context's
+call too, or eagerly when this one is off, and gets its own back on exit: its training graph
+would write the cache inside the graph.
 """
 
 from __future__ import annotations
@@ -29,48 +31,53 @@ from rlkube.runtime.engine.models import decoder_layers
 
 
 class CompiledDecodeLayers:
-    """Within: `model`'s decoder layers run compiled (when `enabled`); restored on exit.
+    """Within: `model`'s decoder layers run compiled for decoding (when `enabled`), else eagerly;
+    restored on exit.
 
     Kept by the Decoder for the model's life: each layer's compiled call is made on first entry
     and reused. Off for layers sharded by FSDP (their calls carry the unshard hooks)."""
 
     def __init__(self, model: torch.nn.Module, enabled: bool):
         sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
-        self.layers = decoder_layers(model) if enabled and not sharded else []
+        self.enabled = enabled and not sharded
+        try:
+            self.layers = decoder_layers(model)
+        except TypeError:  # no decoder layers to find: none compiled either
+            self.layers = []
         self.calls: dict[int, object] = {}  # layer index -> its compiled call
-        self.swapped: list[torch.nn.Module] = []
+        self.swapped: list[tuple[torch.nn.Module, object]] = []  # (layer, the call it had before)
 
     def __enter__(self):
         # The attention's frame is traced apart from its layer's (the cache write breaks the
         # graph inside it), and dynamo takes a module's int attributes as constants: without
         # this each layer's `layer_idx` compiled its own attention graph, and past the eighth the
         # recompile limit left the rest uncompiled.
-        self._unspec_ints = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=bool(self.layers))
+        self._unspec_ints = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=self.enabled)
         self._unspec_ints.__enter__()
         for i, layer in enumerate(self.layers):
-            if layer._compiled_call_impl is not None:
-                continue  # compiled by its trainer
-            if i not in self.calls:
+            if self.enabled and i not in self.calls:
                 self.calls[i] = torch.compile(layer._call_impl, dynamic=True)
-            layer._compiled_call_impl = self.calls[i]
-            self.swapped.append(layer)
+            call = self.calls.get(i) if self.enabled else None
+            if layer._compiled_call_impl is not call:
+                self.swapped.append((layer, layer._compiled_call_impl))
+                layer._compiled_call_impl = call
         return self
 
     @contextmanager
     def paused(self):
-        """Within: the layers this context compiled run eagerly (a prefill: see DecodeBatch.fill)."""
-        swapped = [(layer, layer._compiled_call_impl) for layer in self.swapped]
-        for layer, _ in swapped:
+        """Within: the layers run eagerly (a prefill: see DecodeBatch.fill)."""
+        calls = [(layer, layer._compiled_call_impl) for layer in self.layers]
+        for layer, _ in calls:
             layer._compiled_call_impl = None
         try:
             yield
         finally:
-            for layer, call in swapped:
+            for layer, call in calls:
                 layer._compiled_call_impl = call
 
     def __exit__(self, *exc):
-        for layer in self.swapped:
-            layer._compiled_call_impl = None
+        for layer, call in self.swapped:
+            layer._compiled_call_impl = call
         self.swapped = []
         self._unspec_ints.__exit__(*exc)
         return False

@@ -297,7 +297,7 @@ class Decoder:
         try:
             return self._generate(input_ids, prompt_mask, params, generator, rows)
         except torch._dynamo.exc.TorchDynamoException as e:
-            if not self._compiled_layers.layers:
+            if not self._compiled_layers.enabled:
                 raise
             # A model torch.compile cannot take (its layers restored on the way out): decode it
             # uncompiled from here on rather than fail the rollout.

@@ -15,7 +15,7 @@
   warning. The choice is logged.
 - `avoid_cudnn_sdpa()`: for callers that feed sdpa rows whose shapes change every micro-batch.
 - `compile_layers(model, requested, device)`: regional torch.compile of the decoder layers
-  (`model.compile`), used by DPO/KTO on CUDA.
+  (`model.compile`), for training: DPO/KTO on CUDA, PPO/GRPO when asked for ('layers').
 - `shard(module, ctx, role)`: FSDP2 `fully_shard` over the role's process group, one unit per
   decoder layer plus the root, when the group has more than one rank; bf16 compute with fp32
   gradient reduction. A one-rank group is left alone.
@@ -201,21 +201,22 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 COMPILED_MIN_TOKENS = 4096
 
 
-def compile_wanted(requested: str, device: torch.device) -> bool:
-    """model.compile: 'layers' always, 'auto' on CUDA only, 'off' never."""
-    return requested == "layers" or (requested == "auto" and device.type == "cuda")
+def compile_wanted(requested: str, device: torch.device, auto: bool = True) -> bool:
+    """model.compile: 'layers' always, 'off' never, 'auto' on CUDA where compiling that pass was
+    measured to pay (`auto`: DPO/KTO training and RL decoding; not yet PPO/GRPO training)."""
+    return requested == "layers" or (requested == "auto" and auto and device.type == "cuda")
 
 
-def compile_layers(model: torch.nn.Module, requested: str, device: torch.device) -> bool:
+def compile_layers(model: torch.nn.Module, requested: str, device: torch.device, auto: bool = True) -> bool:
     """Regional compilation: `torch.compile` on each decoder layer of `model` in place, where
-    `requested` ('auto': on CUDA only; 'layers'; 'off') asks for it. One layer's graph serves every
+    `requested` asks for it (compile_wanted, `auto` as there). One layer's graph serves every
     layer (same code, same shapes), so the compile is paid once, not once per layer. Shapes are
     dynamic from the first compile: with the default (static first, dynamic on the second distinct
     length) a long-tailed DPO run compiled each layer graph twice, 35 s and then 24 s in its second
     step. Training and a no-grad reference forward still get a graph each (grad mode is guarded).
     Call it after any copy of the model is made (a deep copy of a compiled layer would call the
     original's forward) and before FSDP wraps the layers. Returns whether it compiled."""
-    if not compile_wanted(requested, device):
+    if not compile_wanted(requested, device, auto):
         return False
     layers = decoder_layers(model)
     for layer in layers:

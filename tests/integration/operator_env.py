@@ -14,6 +14,7 @@ with its scheduler and controller-manager) plus what a control plane without kub
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import os
@@ -33,6 +34,25 @@ from rlkube.operator.kubeapi import ApiError, KubeAPI
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "rlkube.io_rltrainingjobs.yaml"
 POOL_LABEL = "rlkube.io/test-pool"
+
+# The jobs these tests apply: a 2-layer qwen2 on synthetic data, run by the CPU runtime image
+# (which no fake node ever pulls or starts).
+TINY_MODEL = {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}}
+
+
+def tiny_spec(actor_gpus: int = 1, algorithm: str = "dpo", **fields: Any) -> dict:
+    """An RLTrainingJob spec: `algorithm` on the tiny model, the actor on `actor_gpus` GPUs with
+    the reference colocated, synthetic data, the CPU runtime image; `fields` add or replace
+    top-level spec fields (roles included)."""
+    return copy.deepcopy({
+        "algorithm": algorithm,
+        "model": TINY_MODEL,
+        "roles": {"actor": {"gpus": actor_gpus}, "reference": {"colocateWith": "actor"}},
+        "data": {"source": "synthetic", "format": "synthetic"},
+        "image": "localhost/rlkube/runtime-cpu:dev",
+        **fields,
+    })  # a test may change its copy
 
 
 def now_micro() -> str:

@@ -18,22 +18,14 @@ from rlkube.operator.api import parse_spec
 from rlkube.operator.kubeapi import ApiError
 from rlkube.operator.observed import JobRef
 from tests.cluster import procs
-from tests.integration.operator_env import Env, wait_until
+from tests.integration.operator_env import Env, tiny_spec, wait_until
 
 pytestmark = pytest.mark.integration
 
 KUEUE_API = f"/apis/{kw.GROUP}/{kw.VERSION}"
 MERGE = "application/merge-patch+json"
-GANG = {  # one pod of 2 GPUs (the reference shares the actor's)
-    "algorithm": "dpo",
-    "model": {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}},
-    "roles": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
-    "data": {"source": "synthetic", "format": "synthetic"},
-    "image": "localhost/rlkube/runtime-cpu:dev",
-    "placement": {"gpusPerPod": 2},
-    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-}
+# one pod of 2 GPUs (the reference shares the actor's)
+GANG = tiny_spec(2, placement={"gpusPerPod": 2}, resources={"requests": {"cpu": "1", "memory": "1Gi"}})
 
 
 class Queues:

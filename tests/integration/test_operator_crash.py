@@ -11,22 +11,12 @@ import time
 from collections import Counter
 
 import pytest
-from operator_env import Env, Kubelet, Operator, wait_until
+from operator_env import Env, Kubelet, Operator, tiny_spec, wait_until
 
 pytestmark = pytest.mark.integration
 
 JOBS = [f"crash{i}" for i in range(8)]
-DPO = {
-    "algorithm": "dpo",
-    "model": {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}},
-    "roles": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
-    "data": {"source": "synthetic", "format": "synthetic"},
-    "image": "localhost/rlkube/runtime-cpu:dev",
-    "imagePullPolicy": "Never",
-    "placement": {"gpusPerPod": 1},
-    "runPolicy": {"backoffLimit": 1000},
-}
+DPO = tiny_spec(2, imagePullPolicy="Never", placement={"gpusPerPod": 1}, runPolicy={"backoffLimit": 1000})
 MIN_RECONCILES = 50
 MIN_KILLS = 10
 

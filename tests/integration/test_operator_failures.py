@@ -10,24 +10,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from operator_env import Env, Kubelet, Operator, now_sec, wait_until
+from operator_env import Env, Kubelet, Operator, now_sec, tiny_spec, wait_until
 
 from rlkube.operator.kubeapi import ApiError
 from rlkube.runtime.contract.pod import LABEL_JOB
 
 pytestmark = pytest.mark.integration
 
-TINY = {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}}
-DPO = {
-    "algorithm": "dpo",
-    "model": TINY,
-    "roles": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
-    "data": {"source": "synthetic", "format": "synthetic"},
-    "image": "localhost/rlkube/runtime-cpu:dev",
-    "imagePullPolicy": "Never",
-    "placement": {"gpusPerPod": 2, "gangTimeoutSeconds": 30},
-}
+DPO = tiny_spec(2, imagePullPolicy="Never", placement={"gpusPerPod": 2, "gangTimeoutSeconds": 30})
 GRACE = 4  # --node-lost-grace-seconds of the operator under test
 
 

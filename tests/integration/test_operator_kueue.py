@@ -11,7 +11,15 @@ import threading
 import time
 
 import pytest
-from operator_env import Env, Kubelet, Operator, drop_cluster_rbac, restricted_kubeconfig, wait_until
+from operator_env import (
+    Env,
+    Kubelet,
+    Operator,
+    drop_cluster_rbac,
+    restricted_kubeconfig,
+    tiny_spec,
+    wait_until,
+)
 from test_kueue_admission import Queues
 
 from rlkube.operator import kueue_workload as kw
@@ -19,17 +27,9 @@ from tests.cluster import procs
 
 pytestmark = pytest.mark.integration
 
-GANG = {  # one pod of 2 GPUs: the ClusterQueue's 2 GPUs hold one such job at a time
-    "algorithm": "dpo",
-    "model": {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}},
-    "roles": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
-    "data": {"source": "synthetic", "format": "synthetic"},
-    "image": "localhost/rlkube/runtime-cpu:dev",
-    "imagePullPolicy": "Never",
-    "placement": {"gpusPerPod": 2, "gangTimeoutSeconds": 60},
-    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-}
+# one pod of 2 GPUs: the ClusterQueue's 2 GPUs hold one such job at a time
+GANG = tiny_spec(2, imagePullPolicy="Never", placement={"gpusPerPod": 2, "gangTimeoutSeconds": 60},
+                 resources={"requests": {"cpu": "1", "memory": "1Gi"}})
 
 
 @pytest.fixture(scope="module")

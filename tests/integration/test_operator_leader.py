@@ -7,18 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from operator_env import Env, Kubelet, Operator, wait_until
+from operator_env import Env, Kubelet, Operator, tiny_spec, wait_until
 
 pytestmark = pytest.mark.integration
 
-SPEC = {
-    "algorithm": "dpo",
-    "model": {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}},
-    "roles": {"actor": {"gpus": 1}, "reference": {"colocateWith": "actor"}},
-    "data": {"source": "synthetic", "format": "synthetic"},
-    "image": "localhost/rlkube/runtime-cpu:dev",
-}
+SPEC = tiny_spec(1)
 
 
 def lease_holder(env: Env) -> str | None:

@@ -11,23 +11,27 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from operator_env import Env, Kubelet, Operator, drop_cluster_rbac, restricted_kubeconfig, wait_until
+from operator_env import (
+    TINY_MODEL,
+    Env,
+    Kubelet,
+    Operator,
+    drop_cluster_rbac,
+    restricted_kubeconfig,
+    tiny_spec,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
-TINY = {"config": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 259}}
-PPO = {
-    "algorithm": "ppo",
-    "model": TINY,
+PPO = tiny_spec(
+    algorithm="ppo",
     # actor [0,1] + colocated reference, critic [2], reward model [3]: 2 pods of 2 GPUs.
-    "roles": {"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1, "model": TINY},
-              "reference": {"colocateWith": "actor"}},
-    "data": {"source": "synthetic", "format": "synthetic"},
-    "image": "localhost/rlkube/runtime-cpu:dev",
-    "imagePullPolicy": "Never",
-    "placement": {"gpusPerPod": 2, "gangTimeoutSeconds": 30},
-}
+    roles={"actor": {"gpus": 2}, "critic": {"gpus": 1}, "reward": {"gpus": 1, "model": TINY_MODEL},
+           "reference": {"colocateWith": "actor"}},
+    imagePullPolicy="Never",
+    placement={"gpusPerPod": 2, "gangTimeoutSeconds": 30},
+)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +191,7 @@ def test_suspend_deletes_pods_and_resume_replans(env):
 
 def test_unschedulable_job_waits_pending_until_gpus_appear(env):
     # 20 GPUs in pods of 4, more than the 12 of the three nodes.
-    env.create_job("big", spec(roles={"actor": {"gpus": 16}, "critic": {"gpus": 2}, "reward": {"gpus": 2, "model": TINY},
+    env.create_job("big", spec(roles={"actor": {"gpus": 16}, "critic": {"gpus": 2}, "reward": {"gpus": 2, "model": TINY_MODEL},
                                       "reference": {"colocateWith": "actor"}},
                                placement={"gpusPerPod": 4, "policy": "required"}))
     st = wait_until("Pending/Unschedulable", lambda: (s := env.status("big")).get("phase") == "Pending" and s, 30,

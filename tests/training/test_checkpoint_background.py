@@ -173,7 +173,7 @@ def test_sigterm_during_a_background_write_commits_it_and_exits_143(reference_ru
 
 # The save that SIGTERM asks for is held at its commit until a second SIGTERM comes: by then the
 # loop has stopped and only the writer works. As in a pod, the start-up handler (infra/sigterm.py)
-# is installed first; checkpoint.everySteps lies past the run, so the held save is the stop's.
+# is installed first.
 HOLD_STOP_SAVE = textwrap.dedent(
     """
     import json, sys, threading, torch
@@ -206,7 +206,8 @@ HOLD_STOP_SAVE = textwrap.dedent(
 
 
 def test_a_second_sigterm_while_the_stop_save_is_written_does_not_end_the_process_before_its_commit(tmp_path):
-    path = write_config(tmp_path, tiny_config(tmp_path, checkpoint={"everySteps": 100}))
+    # steps far past the SIGTERM: the held save is the stop's, never the last step's
+    path = write_config(tmp_path, tiny_config(tmp_path, training={"steps": 1000}, checkpoint={"everySteps": 1000}))
     proc = subprocess.Popen([sys.executable, "-c", HOLD_STOP_SAVE, str(path)], cwd=ROOT, env=runtime_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:

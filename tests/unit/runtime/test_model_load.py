@@ -67,3 +67,37 @@ def test_unknown_tensor_names_fall_back_to_from_pretrained_with_a_warning(tmp_pa
     monkeypatch.setattr(models, "warn_once", lambda key, msg: calls.append(key))
     models.build_causal_lm(spec(tmp_path), torch.device("cpu"))
     assert "model-load" in calls and len(calls) == 2
+
+
+def test_the_frozen_reference_copy_drops_checkpointing_without_a_deprecation_warning():
+    """frozen_copy read transformers' deprecated `is_gradient_checkpointing`, so every DPO run's
+    log carried its FutureWarning once per rank (and model.gradientCheckpointing two more)."""
+    import warnings
+
+    fields = dict(TINY)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        models.activation_checkpointing(model, True)  # as build_causal_lm does for model.gradientCheckpointing
+        ref = models.frozen_copy(model)
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in ref.modules())
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # the actor keeps it
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+
+
+def test_activation_checkpointing_recomputes_to_the_same_gradients():
+    fields = dict(TINY)
+    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    plain = AutoModelForCausalLM.from_config(cfg)
+    checkpointed = AutoModelForCausalLM.from_config(cfg)
+    checkpointed.load_state_dict(plain.state_dict())
+    models.activation_checkpointing(checkpointed, True)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12))
+    for model in (plain, checkpointed):
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert any(getattr(m, "gradient_checkpointing", False) for m in checkpointed.modules())
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in plain.modules())
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)

@@ -119,8 +119,23 @@ def build_causal_lm(
         attention = "sdpa"
     model.config.use_cache = False
     if spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        activation_checkpointing(model, True)
     return model.to(device), attention
+
+
+def activation_checkpointing(model: torch.nn.Module, on: bool) -> None:
+    """Recompute activations in the backward pass (`on`), or stop. transformers 5.x renamed
+    `gradient_checkpointing_*` to `activation_checkpointing_*`; where a version has the new names
+    the old ones warn (FutureWarning) in every run's log, so the new ones are used when present."""
+    if on:
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        disable()
 
 
 def head_dim(config) -> int:
@@ -177,8 +192,11 @@ def _copy_safetensors(model: torch.nn.Module, files: list[Path], device: torch.d
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A forward-only copy: the reference policy."""
     ref = copy.deepcopy(model)
-    if getattr(ref, "is_gradient_checkpointing", False):
-        ref.gradient_checkpointing_disable()  # nothing to recompute without a backward
+    checkpointing = getattr(ref, "is_activation_checkpointing", None)  # the old name warns: see above
+    if checkpointing is None:
+        checkpointing = getattr(ref, "is_gradient_checkpointing", False)
+    if checkpointing:
+        activation_checkpointing(ref, False)  # nothing to recompute without a backward
     ref.eval()
     ref.requires_grad_(False)
     return ref

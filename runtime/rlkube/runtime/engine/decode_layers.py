@@ -57,7 +57,7 @@ class CompiledDecodeLayers:
         for i, layer in enumerate(self.layers):
             if self.enabled and i not in self.calls:
                 self.calls[i] = torch.compile(layer._call_impl, dynamic=True)
-            call = self.calls.get(i) if self.enabled else None
+            call = self.calls.get(i)  # None (eager) when the decode compile is off
             if layer._compiled_call_impl is not call:
                 self.swapped.append((layer, layer._compiled_call_impl))
                 layer._compiled_call_impl = call

@@ -192,10 +192,7 @@ def _copy_safetensors(model: torch.nn.Module, files: list[Path], device: torch.d
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A forward-only copy: the reference policy."""
     ref = copy.deepcopy(model)
-    checkpointing = getattr(ref, "is_activation_checkpointing", None)  # the old name warns: see above
-    if checkpointing is None:
-        checkpointing = getattr(ref, "is_gradient_checkpointing", False)
-    if checkpointing:
+    if any(getattr(m, "gradient_checkpointing", False) for m in ref.modules()):  # what either property reads
         activation_checkpointing(ref, False)  # nothing to recompute without a backward
     ref.eval()
     ref.requires_grad_(False)

@@ -12,8 +12,7 @@ So `run` installs `stop_while_starting` first thing, and the trainer calls `trai
 the loop's handler is in place. Stopping during start-up loses nothing: the attempt has trained no
 step, and what it resumes from is already committed. Once the trainer's last save has committed
 (trainers/loop.py, SigtermFlag) a SIGTERM gets the default action again, as before: ignored in PID
-1, the end elsewhere. Kept free
-of torch, so the handler is in place before torch is imported.
+1, the end elsewhere. Kept free of torch, so the handler is in place before torch is imported.
 """
 
 from __future__ import annotations

@@ -47,9 +47,9 @@ class SigtermFlag:
 
     A context manager: the trainer holds it from its first step until its last save has committed
     (base.Trainer.train), not only while the loop runs. A SIGTERM that comes after the loop stopped,
-    while that save is still written in the background (a second one from the kubelet or the pod's
-    launcher), must not end the process before the commit: it did, when the loop restored the
-    start-up handler on its way out (CI, 2026-12-05: a two-node job resumed 10+ steps back).
+    while that save is still written in the background (a second SIGTERM, say), must not end the
+    process before the commit, as it did while the loop put the start-up handler back on its way
+    out (tests/training/test_checkpoint_background.py).
     """
 
     def __init__(self) -> None:

@@ -327,7 +327,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0",
                     help="the GPU nvidia-smi samples (the one the run uses)")
     ap.add_argument("--compile", default="auto", choices=["auto", "layers", "off"],
-                    help="model.compile of every case (layers: PPO/GRPO also score and train compiled)")
+                    help="model.compile of every case (auto and layers: on one GPU PPO/GRPO score and train "
+                    "through compiled layers too; off: nothing compiled)")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds one case's CLI may run")
     ap.add_argument("--log-dir", default=None, help="keep each case's CLI stdout and stderr here")

@@ -217,8 +217,10 @@ COMPILED_MIN_TOKENS = 4096
 
 
 def compile_wanted(requested: str, device: torch.device, auto: bool = True) -> bool:
-    """model.compile: 'layers' always, 'off' never, 'auto' on CUDA where compiling that pass was
-    measured to pay (`auto`: DPO/KTO training and RL decoding; not yet PPO/GRPO training)."""
+    """model.compile: 'layers' always, 'off' never, 'auto' on CUDA where the caller's `auto` says
+    compiling that pass was measured to pay: DPO/KTO training, RL decoding, and RL scoring and
+    training of a role on one GPU (H200, 2026-12-05: GRPO +23% and PPO +19% tokens/s, see
+    docs/benchmarks.md); not yet an FSDP-sharded role's scoring and training (unmeasured)."""
     return requested == "layers" or (requested == "auto" and auto and device.type == "cuda")
 
 
@@ -242,8 +244,7 @@ def compile_layers(model: torch.nn.Module, requested: str, device: torch.device,
 
 def shard(module: torch.nn.Module, ctx: DistContext, role: str = "actor") -> torch.nn.Module:
     """FSDP2 over the ranks of `role` (no-op for a one-rank group or a non-distributed run)."""
-    ranks = ctx.role_ranks.get(role, [0])
-    if not ctx.initialized or len(ranks) < 2:
+    if not ctx.sharded(role):
         return module
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -56,6 +56,10 @@ class DistContext:
         """The process group of `role` (None: the default group, or no distributed run)."""
         return self.groups.get(role)
 
+    def sharded(self, role: str) -> bool:
+        """Whether `role` is spread over two or more ranks (FSDP shards it: engine/models.shard)."""
+        return self.initialized and len(self.role_ranks.get(role, [0])) >= 2
+
     def roles_here(self) -> list[str]:
         return [r for r, ranks in self.role_ranks.items() if self.rank in ranks]
 

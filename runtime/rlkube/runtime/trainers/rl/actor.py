@@ -40,8 +40,9 @@ class ActorWorker(RoleWorker):
         if config.model.lora is not None:
             add_lora(lm, config.model.lora)  # in place: training and generation both run the adapters
         apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
-        # Training and scoring through compiled layers: asked for ('layers'), not yet 'auto' (unmeasured).
-        compile_layers(lm, config.model.compile, ctx.device, auto=False)
+        # Training and scoring through compiled layers: 'layers', or 'auto' on one GPU (measured to
+        # pay there; an FSDP-sharded actor's compiled training is not measured yet).
+        compile_layers(lm, config.model.compile, ctx.device, auto=not ctx.sharded("actor"))
         # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
         policy = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
         policy = shard(policy, ctx, "actor")

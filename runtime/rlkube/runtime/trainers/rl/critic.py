@@ -23,7 +23,8 @@ class CriticWorker(RoleWorker):
                  make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
         spec = config.roles.critic.model or config.model
         lm, _ = build_causal_lm(spec, groups.ctx.device, seed=config.training.seed)
-        compile_layers(lm, spec.compile, groups.ctx.device, auto=False)  # as the actor's (actor.py)
+        # As the actor's (actor.py): 'auto' compiles an unsharded critic's layers on CUDA.
+        compile_layers(lm, spec.compile, groups.ctx.device, auto=not groups.ctx.sharded("critic"))
         critic = shard(ValueModel(lm), groups.ctx, "critic")
         super().__init__(config, groups, critic, make_optimizer(critic))
 

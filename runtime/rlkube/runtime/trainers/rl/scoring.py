@@ -40,7 +40,7 @@ def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
     spec = config.roles.reference.model or config.model
     lm, _ = build_causal_lm(spec, ctx.device, seed=config.training.seed)
     lm.eval().requires_grad_(False)
-    compile_layers(lm, spec.compile, ctx.device, auto=False)  # as the actor's (actor.py)
+    compile_layers(lm, spec.compile, ctx.device, auto=not ctx.sharded("reference"))  # as the actor's (actor.py)
     reference = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
     return shard(reference, ctx, "reference")
 

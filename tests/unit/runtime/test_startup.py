@@ -1,4 +1,8 @@
-"""The start-up split: import, model load, first step."""
+"""The start-up split: import, model load, first step; and what the run path imports."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -36,3 +40,30 @@ def test_allocator_env_expandable_segments_unless_the_user_chose():
     assert allocator_env({}) == {"PYTORCH_CUDA_ALLOC_CONF": ALLOCATOR_CONF}
     assert allocator_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == {}
     assert allocator_env({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {}
+
+
+# What the run path must not load by being imported, measured on a CPU host on top of torch and a
+# model's transformers modules (which the model load needs anyway): peft 0.14 s (only a LoRA role
+# uses it: engine/lora.py imports it there), kubernetes 0.34 s and datasets 0.46 s (the runtime
+# uses neither). Transitive imports count too, which the import-linter contracts do not follow.
+NOT_ON_THE_RUN_PATH = {"peft", "kubernetes", "datasets"}
+
+
+def packages_after(code: str) -> set[str]:
+    """The top-level packages in sys.modules once `code` has run in a fresh interpreter."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_the_entry_point_imports_no_torch():
+    # /healthz answers, and a bad config exits 3, before torch loads (cli.main, serve_health_early).
+    assert packages_after("import rlkube.runtime.__main__") & {"torch", "transformers"} == set()
+
+
+def test_importing_the_trainers_loads_nothing_a_run_may_not_need():
+    from rlkube.runtime.cli import TRAINERS
+
+    code = "\n".join(f"import {module}" for module in sorted(set(TRAINERS.values())))
+    assert packages_after(code) & NOT_ON_THE_RUN_PATH == set()

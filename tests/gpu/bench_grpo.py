@@ -22,11 +22,16 @@ Rollout decode rows (`--refill`, a comma list, one rlkube run each, TRL once): `
 row of the step at once (rollout.decodeRows unset, the default); `on` / `off` stream the rows
 through `--decode-rows` rows with refill on (a finished row takes the next waiting prompt) or off
 (waves). A random model never ends a completion, so refill has nothing to do unless `--eos-median
-M` is given: a forward hook on the LM head then biases the EOS logit so that each step ends a
-completion with a fixed probability (geometric lengths, median M), for both sides (bench_rollout's
-eos_hazard). rlkube's fused log-prob head does not call the LM head module, so its training
-log-probs miss that bias; with one optimizer step per rollout the ratio is 1 either way, and only
-time is measured. Example for both settings on the GPU:
+M` is given: a forward hook on the LM head then sets the EOS logit of the sampled position so that
+each step ends a completion with probability exactly h = 1 - 0.5 ** (1 / M) (geometric lengths,
+median M), for both sides (bench_rollout's eos_hazard). A fixed EOS bias, used before, gave the
+sides different lengths (1.5B shape, M 48: TRL mean 140-150 tokens, 30% at the limit; rlkube
+66-69): a random model's logits are not flat, so the hazard it gave depended on the weights, and
+the two models differed (rlkube initialises on the GPU, TRL's was built on the CPU); both now
+build on the same device from the same seed. Training log-probs read the head's weight without
+calling the module on both sides (rlkube's fused head, TRL's fused_lm_head), so they miss the EOS
+setting; with one optimizer step per rollout the ratio is 1 either way, and only time is
+measured. Example for both settings on the GPU:
     PYTHONPATH=runtime python3 tests/gpu/bench_grpo.py --only ours --refill all,on,off --decode-rows 32 --eos-median 64
 """
 
@@ -150,9 +155,12 @@ def run_trl(args, texts: list[str]) -> dict:
     cuda = torch.cuda.is_available()
     fields = dict(SHAPES[args.shape])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    torch.manual_seed(0)
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    # Built the way rlkube builds its model (engine/models.py): on the device, from seed 0, so the
+    # two sides start from the same weights (a CPU-built model draws from another generator).
+    with torch.random.fork_rng(devices=[]), torch.device("cuda" if cuda else "cpu"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     if args.eos_median:
         eos_hazard(model, EOS, args.eos_median)
     tok = word_tokenizer(config.vocab_size)
@@ -206,7 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eos-median", type=float, default=None,
                     help="bias EOS so completions end at geometric lengths of this median (both sides)")
     ap.add_argument("--compile", default="auto", help="rlkube's model.compile, a comma list: one rlkube run each "
-                    "(layers: scoring and training compiled too; give --warmup 2 for the dynamic-shape compile)")
+                    "(auto and layers score and train through compiled layers on one GPU, off compiles nothing; "
+                    "give --warmup 2 for the dynamic-shape compile)")
     args = ap.parse_args(argv)
 
     n = args.prompts * (args.warmup + args.steps)
@@ -225,6 +234,7 @@ def main(argv=None) -> int:
             for mode in modes:
                 key = label if len(modes) == 1 else f"{label} compile={mode}"
                 by_rollout[key] = run_ours(args, texts, rollout, mode) | {"rollout": rollout, "compile": mode}
+                print(json.dumps({"ours": key} | by_rollout[key]), flush=True)  # kept if the peer fails
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
     ours = next(iter(by_rollout.values()), None)

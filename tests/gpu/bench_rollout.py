@@ -27,16 +27,16 @@ automatic `torch.compile` of the decode step (first call, compilation included, 
 and not timed); the dynamic-cache default is printed next to it.
 
 EOS-on case (`--eos-prompts`, default 1024 prompts on `--eos-rows` 256 decode rows, up to
-`--eos-new-tokens` 1024): a forward hook on the LM head adds a fixed bias to the EOS logit, the
-same for every side, so each step ends a completion with a constant probability (a random-init
-model never says EOS by itself). Lengths are then geometric (median `--eos-median`, long
-tail, ~3% reach the limit): within a wave of 256 rows the longest row holds the batch. Rows:
-rlkube with refill (a finished row takes the next waiting prompt; once none waits, the busy
-rows move into smaller batches), rlkube in waves (refill off), rlkube with refill but without
-that compaction, rlkube with every prompt in a row of its own at once (what an RL step does with
-rollout.decodeRows unset), HF static-cache compiled in waves of the same rows. `--refill` picks
-rlkube's rows (on, off, nocompact, all). tokens/s counts each side's own generated tokens (its
-samples differ, so the realized lengths are printed per side).
+`--eos-new-tokens` 1024): a forward hook on the LM head sets the EOS logit of the sampled
+position, the same for every side, so each step ends a completion with a constant probability (a
+random-init model never says EOS by itself; `eos_hazard`). Lengths are then geometric (median
+`--eos-median`, long tail, ~3% reach the limit): within a wave of 256 rows the longest row holds
+the batch. Rows: rlkube with refill (a finished row takes the next waiting prompt; once none
+waits, the busy rows move into smaller batches), rlkube in waves (refill off), rlkube with refill
+but without that compaction, rlkube with every prompt in a row of its own at once (what an RL step
+does with rollout.decodeRows unset), HF static-cache compiled in waves of the same rows.
+`--refill` picks rlkube's rows (on, off, nocompact, all). tokens/s counts each side's own
+generated tokens (its samples differ, so the realized lengths are printed per side).
 """
 
 from __future__ import annotations
@@ -132,16 +132,33 @@ def run_ours(decoder, ids, mask, new: int, device, seed: int, eos: int | None = 
 
 
 def eos_hazard(model, eos: int, median: float):
-    """Bias the EOS logit so that, with near-flat random-init logits, a completion ends at each
-    step with probability h (median length `median`). Returns the hook handle."""
+    """Make each sampled token EOS with probability h = 1 - 0.5 ** (1 / median) (geometric
+    lengths, median `median`), whatever the model's logits. Returns the hook handle.
+
+    A forward hook on the LM head sets the EOS logit of the last position of its output (the
+    position a sampler reads: HF `generate` and rlkube's decoder both ask for that one alone) to
+    logsumexp(other logits) + log(h / (1 - h)). A fixed bias on the EOS logit does not do this:
+    a random-init model's logits are not flat (std ~0.8 at the 1.5B shape) and its own EOS logit
+    varies by row and model, so the hazard depends on the weights, and two models of the same
+    shape initialised on different devices (rlkube on the GPU, TRL on the CPU) end at different
+    rates. Other positions are left alone (training log-probs read the head's weight directly on
+    both sides anyway)."""
     import math
 
-    vocab = model.config.vocab_size
     hazard = 1.0 - 0.5 ** (1.0 / median)
-    head = model.get_output_embeddings()
-    bias = torch.zeros(vocab, dtype=head.weight.dtype, device=head.weight.device)
-    bias[eos] = math.log(hazard * (vocab - 1) / (1.0 - hazard))
-    return head.register_forward_hook(lambda module, inputs, output: output + bias)
+    offset = math.log(hazard / (1.0 - hazard))
+
+    def hook(module, inputs, output):
+        # Tensor ops only (no Python scalar written into a CUDA tensor): rlkube captures the head
+        # in its decode CUDA graph, and a capture refuses a host-to-device copy.
+        with torch.no_grad():
+            last = output[..., -1, :].float()
+            every = torch.logsumexp(last, dim=-1)
+            others = every + torch.log1p(-torch.exp(last[..., eos] - every))  # all but EOS
+        output[..., -1, eos] = (others + offset).to(output.dtype)
+        return output
+
+    return model.get_output_embeddings().register_forward_hook(hook)
 
 
 def lengths_summary(lengths: torch.Tensor) -> dict:

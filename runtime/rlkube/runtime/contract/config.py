@@ -104,8 +104,9 @@ class ModelSpec(Spec):
         "compilation: norms, rotary, activation and residual ops fused around the matmuls). 'auto' is "
         "'layers' on CUDA and 'off' on CPU; the first steps pay the compile (logged). PPO/GRPO: 'auto' "
         "generates through the actor's layers compiled on CUDA (the KV cache written outside the "
-        "graphs) and scores and trains uncompiled; 'layers' also scores and trains the actor, critic "
-        "and reference through compiled layers.",
+        "graphs) and scores and trains the actor, critic and reference through compiled layers where "
+        "the role runs on one GPU (an FSDP-sharded role scores and trains uncompiled); 'layers' "
+        "compiles them on every device and sharding.",
     )
     lora: LoraSpec | None = Field(
         default=None,
@@ -288,7 +289,8 @@ class DataSpec(Spec):
         default=2,
         ge=0,
         le=64,
-        description="DPO only: micro-batches prepared ahead on a background thread. PPO/GRPO take "
+        description="DPO only: micro-batches prepared ahead on a background thread (the next step's "
+        "first ones while this step's last one runs; 0: none, each when it is needed). PPO/GRPO take "
         "their prompts inside the step and accept only 2 (the default) or 0.",
     )
     num_samples: int = Field(

@@ -95,6 +95,8 @@ class DPOTrainer(Trainer):
 
     # Per-micro-batch sums run_step adds up (a subclass with other metrics names its own).
     TOTAL_KEYS = ("pairs", "loss", "margin", "correct", "chosen", "tokens", "scored")
+    # (step, its prefetcher) started during the step before (start_ahead), until fetch takes it
+    ahead: tuple[int, Prefetcher] | None = None
 
     def load_data(self) -> None:
         """The tokenizer, the training data and each sample's cost (what the batcher plans with)."""
@@ -236,35 +238,64 @@ class DPOTrainer(Trainer):
         """The evaluation's record from its sums over every rank's eval samples."""
         return preference_summary(sums)
 
+    @property
+    def pinned(self) -> bool:
+        """Collated micro-batches wait in pinned host memory (CUDA), so their copy to the device
+        runs asynchronously."""
+        return self.ctx.device.type == "cuda"
+
+    def step_items(self, step: int) -> list[tuple[list[SampleCost], float]]:
+        """This rank's micro-batches of `step` with their loss weights (0 for a padding one), as
+        the batcher plans them now."""
+        step_costs = [self.costs[i] for i in self.sampler.batch(step)]
+        scale = self.ctx.world_size / self.config.batching.global_batch
+        plan = self.batcher.plan(step_costs, self.ctx.world_size)[self.ctx.rank]
+        return [(mb or [step_costs[0]], scale if mb else 0.0) for mb in plan]
+
+    def fetch(self, step: int, items: list[tuple[list[SampleCost], float]]) -> Prefetcher:
+        """The collated micro-batches of `items`: the prefetcher started during the last step
+        (start_ahead) when it holds the same micro-batches, else a new one."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            if ahead[0] == step and ahead[1].items == items:
+                return ahead[1]
+            ahead[1].close()  # the budget moved (batcher.observe, an OOM): planned anew
+        return Prefetcher(lambda it: self.collate([c.index for c in it[0]]), items, self.config.data.prefetch,
+                          pin=self.pinned)
+
+    def start_ahead(self, step: int) -> None:
+        """Start collating step `step`'s first micro-batches now, as the batcher would plan them
+        today, so they are ready when that step begins (the GPU runs this step's last micro-batch
+        and the optimizer meanwhile). `fetch` uses them if the plan still holds."""
+        if step < self.config.training.steps and self.config.data.prefetch > 0:
+            items = self.step_items(step)
+            self.ahead = (step, self.fetch(step, items).start())
+
     def run_step(self, step: int) -> tuple[dict, list[list[SampleCost]]]:
         """Forward/backward of every micro-batch of `step`, redone after an OOM."""
-        ids = self.sampler.batch(step)
-        step_costs = [self.costs[i] for i in ids]
-        scale = self.ctx.world_size / self.config.batching.global_batch
-        dummy = [step_costs[0]]
         while True:
-            plan = self.batcher.plan(step_costs, self.ctx.world_size)[self.ctx.rank]
+            items = self.step_items(step)
             totals: dict = {key: 0 for key in self.TOTAL_KEYS} | {"seq_lens": []}
             failed: list[SampleCost] | None = None
-            items = [(mb or dummy, 0.0 if not mb else scale) for mb in plan]
-            pin = self.ctx.device.type == "cuda"
-            fetch = Prefetcher(lambda it: self.collate([c.index for c in it[0]]), items,
-                               self.config.data.prefetch, pin=pin)
             try:
-                for k, batch in enumerate(self.waited(fetch)):
+                for k, batch in enumerate(self.waited(self.fetch(step, items))):
                     mb, weight = items[k]
                     failed = mb
                     if self.hooks.before_micro_batch is not None:
                         self.hooks.before_micro_batch(mb)
                     sync = getattr(self.policy, "set_requires_gradient_sync", None)
+                    last = k == len(items) - 1
                     if sync is not None:
-                        sync(k == len(items) - 1)  # reduce-scatter once, after the last micro-batch
+                        sync(last)  # reduce-scatter once, after the last micro-batch
                     with self.busy.phase("forward_backward"):
-                        out = self.micro_batch(batch.to(self.ctx.device, non_blocking=pin), weight)
+                        out = self.micro_batch(batch.to(self.ctx.device, non_blocking=self.pinned), weight)
+                    if last:
+                        self.start_ahead(step + 1)
                     if weight:
                         for key in self.TOTAL_KEYS:
                             totals[key] += out[key]
                         totals["seq_lens"].extend(out["seq_lens"])
+                plan = [mb if weight else [] for mb, weight in items]
                 return host_numbers(totals), plan  # the step's one wait for its sums
             except torch.OutOfMemoryError:
                 if self.ctx.world_size > 1 or failed is None or not self.batcher.on_oom(failed):
@@ -298,6 +329,12 @@ class DPOTrainer(Trainer):
 
     def finish(self, result: TrainResult) -> None:
         result.batcher_decisions = list(self.batcher.decisions)
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead[1].close()
+            self.ahead = None
+        super().close()
 
     def train_step(self, step: int, lr: float) -> dict:
         ctx = self.ctx

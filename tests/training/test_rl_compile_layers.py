@@ -4,7 +4,7 @@ run scored and trained eagerly; the steps after the first, with other response l
 counts, compile nothing more (the layers are dynamic in both from their first call).
 
 Both runs decode through the same compiled decode layers (the training compile is switched off in
-the second by replacing `compile_layers` where the RL roles call it), so their rollouts are the
+the second by replacing `compile_role` where the RL roles call it), so their rollouts are the
 same tokens and only the scoring and training passes differ. On CPU inductor generates C++: the
 first step of the compiled run pays ~50 s on 2 cores (~20 s of it the decode graphs)."""
 
@@ -56,7 +56,7 @@ def test_ppo_scores_and_trains_through_compiled_layers_like_eager(tmp_path, monk
     assert graphs[1:] == [graphs[0]] * (STEPS - 1), graphs  # nothing compiled after the first step
 
     for module in (actor, critic, scoring):  # the training compile off; decoding stays compiled
-        monkeypatch.setattr(module, "compile_layers", lambda *args, **kwargs: False)
+        monkeypatch.setattr(module, "compile_role", lambda *args, **kwargs: False)
     eager_losses, eager_graphs, eager = run(tmp_path / "eager")
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager.actor.model.lm))
     assert losses == pytest.approx(eager_losses, rel=1e-4, abs=1e-6)

@@ -1,11 +1,13 @@
 """`model.compile: auto` for PPO/GRPO: the actor, critic and reference score and train through
 compiled layers on CUDA when the role runs on one GPU (measured to pay on an H200), and stay
 uncompiled when FSDP shards the role (not measured). The decision is `compile_wanted`'s, fed
-`auto=not ctx.sharded(role)` by each RL role; this checks both halves without a GPU."""
+`auto=not ctx.sharded(role)` by models.compile_role, which each RL role calls; this checks both
+halves without a GPU."""
 
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.engine import models
 from rlkube.runtime.engine.models import compile_wanted
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.trainers.rl import scoring
@@ -41,7 +43,7 @@ def test_the_reference_compiles_under_auto_unless_fsdp_shards_it(monkeypatch):
     calls = []
     lm = torch.nn.Linear(2, 2)
     monkeypatch.setattr(scoring, "build_causal_lm", lambda spec, device, seed: (lm, "sdpa"))
-    monkeypatch.setattr(scoring, "compile_layers",
+    monkeypatch.setattr(models, "compile_layers",
                         lambda model, requested, device, auto: calls.append((requested, device, auto)))
     monkeypatch.setattr(scoring, "shard", lambda module, ctx, role: module)
     monkeypatch.setattr(scoring, "PolicyModel", lambda model, temperature, fused: model)

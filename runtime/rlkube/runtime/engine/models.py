@@ -253,6 +253,12 @@ def compile_layers(model: torch.nn.Module, requested: str, device: torch.device,
     return True
 
 
+def compile_role(model: torch.nn.Module, requested: str, ctx: DistContext, role: str) -> bool:
+    """compile_layers for a PPO/GRPO role's scoring and training: 'auto' compiles a role that runs
+    on one GPU (measured to pay) and leaves an FSDP-sharded one uncompiled (not measured yet)."""
+    return compile_layers(model, requested, ctx.device, auto=not ctx.sharded(role))
+
+
 def shard(module: torch.nn.Module, ctx: DistContext, role: str = "actor") -> torch.nn.Module:
     """FSDP2 over the ranks of `role` (no-op for a one-rank group or a non-distributed run)."""
     if not ctx.sharded(role):

@@ -17,7 +17,7 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.lora import add_lora
-from rlkube.runtime.engine.models import build_causal_lm, compile_layers, compile_wanted, shard
+from rlkube.runtime.engine.models import build_causal_lm, compile_role, compile_wanted, shard
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.metrics import FlopModel
@@ -40,9 +40,7 @@ class ActorWorker(RoleWorker):
         if config.model.lora is not None:
             add_lora(lm, config.model.lora)  # in place: training and generation both run the adapters
         apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
-        # Training and scoring through compiled layers: 'layers', or 'auto' on one GPU (measured to
-        # pay there; an FSDP-sharded actor's compiled training is not measured yet).
-        compile_layers(lm, config.model.compile, ctx.device, auto=not ctx.sharded("actor"))
+        compile_role(lm, config.model.compile, ctx, "actor")  # training and scoring
         # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
         policy = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
         policy = shard(policy, ctx, "actor")

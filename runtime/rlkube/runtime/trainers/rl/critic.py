@@ -9,7 +9,7 @@ import torch
 
 from rlkube.runtime.algorithms.ppo import value_loss
 from rlkube.runtime.contract.config import RuntimeConfig
-from rlkube.runtime.engine.models import build_causal_lm, compile_layers, shard
+from rlkube.runtime.engine.models import build_causal_lm, compile_role, shard
 from rlkube.runtime.engine.value_model import ValueModel
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices, to_response_width
@@ -23,8 +23,7 @@ class CriticWorker(RoleWorker):
                  make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
         spec = config.roles.critic.model or config.model
         lm, _ = build_causal_lm(spec, groups.ctx.device, seed=config.training.seed)
-        # As the actor's (actor.py): 'auto' compiles an unsharded critic's layers on CUDA.
-        compile_layers(lm, spec.compile, groups.ctx.device, auto=not groups.ctx.sharded("critic"))
+        compile_role(lm, spec.compile, groups.ctx, "critic")
         critic = shard(ValueModel(lm), groups.ctx, "critic")
         super().__init__(config, groups, critic, make_optimizer(critic))
 

@@ -19,7 +19,7 @@ import torch
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.prompts import PromptData
 from rlkube.runtime.data.tokenizer import Tokenizer
-from rlkube.runtime.engine.models import build_causal_lm, compile_layers, shard
+from rlkube.runtime.engine.models import build_causal_lm, compile_role, shard
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import ConfigError
@@ -40,7 +40,7 @@ def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
     spec = config.roles.reference.model or config.model
     lm, _ = build_causal_lm(spec, ctx.device, seed=config.training.seed)
     lm.eval().requires_grad_(False)
-    compile_layers(lm, spec.compile, ctx.device, auto=not ctx.sharded("reference"))  # as the actor's (actor.py)
+    compile_role(lm, spec.compile, ctx, "reference")
     reference = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
     return shard(reference, ctx, "reference")
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The open GPU goals' measurements (docs/benchmarks.md), in groups that each fit one device call
+# of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
+#
+#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile dpo-trl
+#
+# util-dpo  busy, tokens/s and start-up of the DPO CLI path, background compile off and on (~5 min)
+# util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
+# grpo-trl  one GRPO step against TRL's GRPOTrainer, equal lengths (EOS median 48), auto vs off (~6 min)
+# profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
+# dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
+set -u
+out=${1:?usage: $0 OUT GROUP...}
+shift
+mkdir -p "$out"
+export PYTHONPATH="$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+run() {  # run NAME SECONDS CMD...: one bounded measurement, its output kept
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*"
+    local start=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc after $((SECONDS - start)) s"
+    tail -n 25 "$out/$name.log"
+}
+
+for group in "$@"; do
+    case $group in
+    util-dpo)
+        for bg in off on; do
+            run "util-dpo-bg-$bg" 280 python3 tests/gpu/bench_utilization.py --cases dpo --steps 45 --every 20 \
+                --background-compile "$bg" --json-out "$out/util-dpo-bg-$bg.json"
+        done ;;
+    util-rl)
+        run util-rl 560 python3 tests/gpu/bench_utilization.py --cases grpo,ppo --steps 40 --every 20 \
+            --eos-median 48 --json-out "$out/util-rl.json" ;;
+    grpo-trl)
+        run grpo-trl 560 python3 tests/gpu/bench_grpo.py --shape qwen1.5b --eos-median 48 --warmup 2 --steps 2 \
+            --compile auto,off --out "$out/grpo-trl.json" ;;
+    profile)
+        for case in dpo grpo ppo; do
+            run "profile-$case" 190 python3 tests/gpu/profile_step.py --case "$case"
+        done ;;
+    dpo-trl)
+        run dpo-trl 560 python3 tests/gpu/bench_dpo.py --shape qwen1.5b --cases fixed --trl-checkpointing off \
+            --json-out "$out/dpo-trl.json" ;;
+    *)
+        echo "unknown group $group (util-dpo util-rl grpo-trl profile dpo-trl)" >&2
+        exit 2 ;;
+    esac
+done

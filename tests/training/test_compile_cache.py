@@ -37,3 +37,22 @@ def test_a_resumed_trainer_compiles_from_the_cache_next_to_its_checkpoints(tmp_p
     warm = first_step(recs)
     assert warm["step"] == 2
     assert warm["compileCache"]["hits"] > 0 and warm["compileCache"]["misses"] == 0, warm["compileCache"]
+
+
+def test_a_second_job_compiles_from_the_cache_the_first_job_left_in_compile_cache_dir(tmp_path):
+    # Two jobs, each with its own checkpoint directory, one shared checkpoint.compileCacheDir (a
+    # volume both mount, in a cluster): the second job's first step loads the first job's graphs.
+    shared = tmp_path / "shared-compile-cache"
+    recs_of = {}
+    for job in ("first", "second"):
+        cfg = tiny_config(tmp_path / job, training={"steps": 1, "lr": 1e-2, "seed": 0, "backgroundCompile": False},
+                          batching={"globalBatch": 8, "mode": "fixed", "maxMicroBatch": 8, "minMicroBatch": 1},
+                          checkpoint={"compileCacheDir": str(shared)})
+        cfg["model"]["compile"] = "layers"
+        (tmp_path / job).mkdir()
+        rc, recs, err = run_cli(write_config(tmp_path / job, cfg), timeout=300, TORCHINDUCTOR_CACHE_DIR="")
+        assert rc == 0, err[-2000:]
+        recs_of[job] = first_step(recs)["compileCache"]
+    assert recs_of["first"]["misses"] > 0 and recs_of["first"]["hits"] == 0
+    assert recs_of["second"]["hits"] > 0 and recs_of["second"]["misses"] == 0, recs_of["second"]
+    assert not (tmp_path / "second" / "ckpt" / COMPILE_CACHE).exists()  # nothing next to its checkpoints

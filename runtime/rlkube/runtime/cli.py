@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlkube.runtime.infra.progress import serve_health_early
     from rlkube.runtime.infra.startup import allocator_env, compile_cache_env
 
-    os.environ.update(compile_cache_env(config.checkpoint.dir, dict(os.environ)))
+    os.environ.update(compile_cache_env(config.checkpoint.dir, dict(os.environ), config.checkpoint.compile_cache_dir))
     os.environ.update(allocator_env(dict(os.environ)))
     mode = launch_mode(dict(os.environ))
     if mode == "spawn":

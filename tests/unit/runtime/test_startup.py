@@ -34,6 +34,14 @@ def test_compile_cache_goes_next_to_the_checkpoints_unless_the_user_set_one():
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}
 
 
+def test_compile_cache_dir_puts_the_cache_where_other_jobs_find_it_unless_the_environment_says():
+    from rlkube.runtime.infra.startup import compile_cache_env
+
+    assert compile_cache_env("/ckpt", {}, "/shared/compile") == {"TORCHINDUCTOR_CACHE_DIR": "/shared/compile"}
+    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}, "/shared/compile") == {}
+    assert compile_cache_env("", {}, "/shared/compile") == {"TORCHINDUCTOR_CACHE_DIR": "/shared/compile"}
+
+
 def test_allocator_env_expandable_segments_unless_the_user_chose():
     from rlkube.runtime.infra.startup import ALLOCATOR_CONF, allocator_env
 

@@ -61,7 +61,7 @@ MODEL_RULES: dict[str, list[dict]] = {
     "DataSpec": [*rule.crd(config.EVAL_SOURCE), *paths.DATA_PATH_CEL],
     "ElasticSpec": rule.crd(sections.ELASTIC),
     "VolumeSpec": paths.volume_cel(),
-    "CheckpointSpec": paths.dir_cel("checkpoint.dir"),
+    "CheckpointSpec": [*paths.dir_cel("checkpoint.dir"), *paths.dir_cel("checkpoint.compileCacheDir", "compileCacheDir")],
     "ExportSpec": paths.dir_cel("export.dir"),
     "Toleration": rule.crd(pod.TOLERATION),
     "PodResources": rule.crd(pod.RESOURCES),
@@ -98,8 +98,9 @@ def spec_problems(spec: Any) -> list[str]:
     """The Python halves of this package's spec-wide rules on a validated `RLTrainingJobSpec`,
     one 'path: what is wrong' line each (called by its model validator)."""
     return [
-        *paths.mount_path_problems(spec.checkpoint.dir, spec.export.dir, [v.mount_path for v in spec.volumes]),
-        *paths.path_problems(spec.checkpoint.dir, spec.export.dir),
+        *paths.mount_path_problems(spec.checkpoint.dir, spec.export.dir, [v.mount_path for v in spec.volumes],
+                                   spec.checkpoint.compile_cache_dir),
+        *paths.path_problems(spec.checkpoint.dir, spec.export.dir, spec.checkpoint.compile_cache_dir),
         *model_types.model_type_problems(spec),
         *paths.source_path_problems(spec),
         *elastic.elastic_split_problems(spec),

@@ -94,11 +94,12 @@ def under_config_dir(path: str) -> bool:
     return path.startswith(CONFIG_DIR + "/")
 
 
-def path_problems(checkpoint_dir: str, export_dir: str | None) -> list[str]:
-    """checkpoint.dir and export.dir in normal form and outside the config mount (the volumes'
-    own paths are VolumeSpec's to check)."""
+def path_problems(checkpoint_dir: str, export_dir: str | None, compile_cache_dir: str | None = None) -> list[str]:
+    """checkpoint.dir, export.dir and checkpoint.compileCacheDir in normal form and outside the
+    config mount (the volumes' own paths are VolumeSpec's to check)."""
     problems = []
-    for where, path in (("checkpoint.dir", checkpoint_dir), ("export.dir", export_dir)):
+    for where, path in (("checkpoint.dir", checkpoint_dir), ("export.dir", export_dir),
+                        ("checkpoint.compileCacheDir", compile_cache_dir)):
         if path is None or not path.startswith("/"):
             continue  # unset, or refused as relative by mount_path_problems
         if (problem := path_form_problem(path)) is not None:
@@ -108,13 +109,14 @@ def path_problems(checkpoint_dir: str, export_dir: str | None) -> list[str]:
     return problems
 
 
-def dir_cel(field: str) -> list[dict]:
-    """CEL on CheckpointSpec / ExportSpec: `dir`, when absolute, in normal form and outside the
-    config mount (the twins of `path_problems`)."""
-    applies = "!has(self.dir) || !self.dir.startsWith('/') || "
+def dir_cel(field: str, prop: str = "dir") -> list[dict]:
+    """CEL on CheckpointSpec / ExportSpec: the directory `prop` (`field` in messages), when
+    absolute, in normal form and outside the config mount (the twins of `path_problems`)."""
+    value = f"self.{prop}"
+    applies = f"!has({value}) || !{value}.startsWith('/') || "
     return [
-        rule(applies + f"({path_form_cel('self.dir')})", f"{field}: {NOT_NORMAL}", ".dir"),
-        rule(applies + f"!self.dir.startsWith('{CONFIG_DIR}/')", f"{field}: {IN_CONFIG_DIR}", ".dir"),
+        rule(applies + f"({path_form_cel(value)})", f"{field}: {NOT_NORMAL}", f".{prop}"),
+        rule(applies + f"!{value}.startsWith('{CONFIG_DIR}/')", f"{field}: {IN_CONFIG_DIR}", f".{prop}"),
     ]
 
 
@@ -159,17 +161,19 @@ VOLUMES_CEL = [rule("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))
 CHECKPOINT_DIR_CEL = "(has(self.checkpoint) && has(self.checkpoint.dir) ? self.checkpoint.dir : '/checkpoints')"
 
 
-def mount_path_problems(checkpoint_dir: str, export_dir: str | None, mount_paths: list[str]) -> list[str]:
-    """Paths the pod could not mount: a relative checkpoint or export dir, a checkpoint dir or an
-    extra volume on a path the pod already mounts."""
+def mount_path_problems(checkpoint_dir: str, export_dir: str | None, mount_paths: list[str],
+                        compile_cache_dir: str | None = None) -> list[str]:
+    """Paths the pod could not mount or use: a relative checkpoint, export or compile cache dir, a
+    checkpoint dir or an extra volume on a path the pod already mounts."""
     problems = []
     if not checkpoint_dir.startswith("/"):
         problems.append(f"checkpoint.dir: must be an absolute path, got {checkpoint_dir!r}")
     elif checkpoint_dir in RESERVED_MOUNT_PATHS:
         problems.append(f"checkpoint.dir: {checkpoint_dir} is reserved (the pod mounts "
                         f"{' and '.join(RESERVED_MOUNT_PATHS)} itself)")
-    if export_dir is not None and not export_dir.startswith("/"):
-        problems.append(f"export.dir: must be an absolute path, got {export_dir!r}")
+    for where, path in (("export.dir", export_dir), ("checkpoint.compileCacheDir", compile_cache_dir)):
+        if path is not None and not path.startswith("/"):
+            problems.append(f"{where}: must be an absolute path, got {path!r}")
     reserved = (*RESERVED_MOUNT_PATHS, checkpoint_dir)
     for index, path in enumerate(mount_paths):
         if path in reserved:
@@ -193,6 +197,10 @@ def mount_path_cel() -> list[dict]:
              ".checkpoint"),
         rule("!has(self.export) || !has(self.export.dir) || self.export.dir.startsWith('/')",
              "export.dir: must be an absolute path", ".export"),
+        rule("!has(self.checkpoint) || !has(self.checkpoint.compileCacheDir) || "
+             "self.checkpoint.compileCacheDir.startsWith('/')",
+             "checkpoint.compileCacheDir: must be an absolute path (a directory on a volume the jobs mount)",
+             ".checkpoint"),
         rule(f"!has(self.volumes) || self.volumes.all(v, {outside('v.mountPath', (*reserved, ckpt))})",
              f"volumes: a mountPath must not be {', '.join(RESERVED_MOUNT_PATHS)} or checkpoint.dir "
              "(the pod mounts run.yaml, shared memory and checkpoints there)", ".volumes"),

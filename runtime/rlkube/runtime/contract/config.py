@@ -501,6 +501,16 @@ class CheckpointSpec(Spec):
         "per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a restarted gang on the same nodes "
         "resumes and a re-created job starts fresh.",
     )
+    compile_cache_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_LEN,
+        description="Where torch.compile keeps its caches (compiled graphs and kernels). Unset: "
+        "<dir>/.compile-cache, so this job's restarts reuse its compiled graphs. A directory on a volume "
+        "several jobs mount read-write (spec.volumes) lets a job's first start reuse the graphs an earlier "
+        "job compiled for the same model shape, torch version and GPU type. The TORCHINDUCTOR_CACHE_DIR "
+        "environment variable, where set, wins.",
+    )
 
 
 class ExportSpec(Spec):

@@ -69,13 +69,18 @@ class StartupClock:
 COMPILE_CACHE = ".compile-cache"
 
 
-def compile_cache_env(checkpoint_dir: str, env: dict[str, str]) -> dict[str, str]:
+def compile_cache_env(checkpoint_dir: str, env: dict[str, str], cache_dir: str | None = None) -> dict[str, str]:
     """The environment that keeps torch.compile's caches next to the checkpoints, so a restarted
     or resumed trainer (a new pod, a new /tmp) loads the first attempt's compiled graphs instead
     of compiling again: a 1.5B model's first DPO step is 32-35 s on an H200, nearly all compile.
-    A cache directory the user set (TORCHINDUCTOR_CACHE_DIR) wins. Set before the first compile;
-    spawned workers inherit it."""
-    if env.get("TORCHINDUCTOR_CACHE_DIR") or not checkpoint_dir:
+    `cache_dir` (checkpoint.compileCacheDir) puts them elsewhere, such as a volume other jobs
+    mount too. A cache directory the user set (TORCHINDUCTOR_CACHE_DIR) wins. Set before the
+    first compile; spawned workers inherit it."""
+    if env.get("TORCHINDUCTOR_CACHE_DIR"):
+        return {}
+    if cache_dir:
+        return {"TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    if not checkpoint_dir:
         return {}
     return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(checkpoint_dir, COMPILE_CACHE)}
 

@@ -45,6 +45,11 @@ MICRO_BATCH_BOUNDS = (
 )
 
 
+def optional_path(description: str) -> Any:
+    """A path field that may be unset (None), but not empty, and no longer than MAX_PATH_LEN."""
+    return Field(default=None, min_length=1, max_length=MAX_PATH_LEN, description=description)
+
+
 class LoraSpec(Spec):
     """Low-rank adapters (LoRA) on the actor: only the adapters train; the base weights stay frozen
     and, with the adapters switched off, serve as the reference policy (no second copy)."""
@@ -66,11 +71,8 @@ class LoraSpec(Spec):
 class ModelSpec(Spec):
     """Which model to train and how to run it."""
 
-    path: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_PATH_LEN,
-        description="Directory of a Hugging Face checkpoint, loaded with from_pretrained(path). "
+    path: str | None = optional_path(
+        "Directory of a Hugging Face checkpoint, loaded with from_pretrained(path). "
         "Exactly one of path and config is set.",
     )
     config: dict[str, Any] | None = Field(
@@ -306,11 +308,8 @@ class DataSpec(Spec):
         "have lengths of their own and accept only 'fixed'.",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed for data order and synthesis.")
-    eval: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_PATH_LEN,
-        description="Evaluation data: a JSONL or Parquet file, a directory of them, or a save_to_disk "
+    eval: str | None = optional_path(
+        "Evaluation data: a JSONL or Parquet file, a directory of them, or a save_to_disk "
         "directory, with the training data's fields (the format is read from the path; data.format where "
         "it cannot be). Not combinable with evalFraction.",
     )
@@ -501,11 +500,8 @@ class CheckpointSpec(Spec):
         "per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a restarted gang on the same nodes "
         "resumes and a re-created job starts fresh.",
     )
-    compile_cache_dir: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_PATH_LEN,
-        description="Where torch.compile keeps its caches (compiled graphs and kernels). Unset: "
+    compile_cache_dir: str | None = optional_path(
+        "Where torch.compile keeps its caches (compiled graphs and kernels). Unset: "
         "<dir>/.compile-cache, so this job's restarts reuse its compiled graphs. A directory on a volume "
         "several jobs mount read-write (spec.volumes) lets a job's first start reuse the graphs an earlier "
         "job compiled for the same model shape, torch version and GPU type. The TORCHINDUCTOR_CACHE_DIR "
@@ -517,11 +513,8 @@ class ExportSpec(Spec):
     """The trained actor as a Hugging Face model directory (config, safetensors, tokenizer)."""
 
     enabled: bool = Field(default=True, description="Export at the end of training (and every everySteps).")
-    dir: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_PATH_LEN,
-        description="Directory of the export in the pod, replaced atomically by each export. Unset: "
+    dir: str | None = optional_path(
+        "Directory of the export in the pod, replaced atomically by each export. Unset: "
         "<checkpoint.dir>/export, on the checkpoint volume.",
     )
     every_steps: int | None = Field(

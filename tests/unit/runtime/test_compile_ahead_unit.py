@@ -74,3 +74,21 @@ def test_nothing_added_nothing_pending():
 @pytest.mark.parametrize("value", [None, 3, "x"])
 def test_non_tensor_inputs_are_shared(value):
     assert compile_ahead._detached(value) is value
+
+
+def test_close_waits_a_bounded_time_for_a_compile_in_flight(monkeypatch):
+    model, ahead = tiny_model(), CompileAhead(torch.device("cpu"))
+    ahead.add(model)
+    run_layers(model, torch.randn(2, 4))
+    release = threading.Event()
+
+    def slow_compile(fn, **kwargs):
+        release.wait(timeout=60)
+        return fn
+
+    monkeypatch.setattr(compile_ahead.torch, "compile", slow_compile)
+    ahead.start()
+    ahead.close(timeout=0.2)  # returns although the compile has not finished
+    assert ahead.thread.is_alive()
+    release.set()
+    assert ahead.done.wait(timeout=60)

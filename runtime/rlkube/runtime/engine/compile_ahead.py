@@ -37,6 +37,10 @@ from rlkube.runtime.engine.models import decoder_layers
 
 log = logging.getLogger("rlkube.runtime")
 
+# How long closing waits for a compile in flight: the checkpoint has committed by then, and the
+# operator gives a stopping pod 120 s (render.TERMINATION_GRACE_SECONDS) for all of its exit.
+CLOSE_WAIT_S = 60.0
+
 
 def _detached(value: Any) -> Any:
     """A copy of a layer's input with no tie to the caller's autograd graph (tensors cloned, grad
@@ -137,9 +141,12 @@ class CompileAhead:
                  "before ran uncompiled)", step, self.compile_seconds or 0.0)
         return True
 
-    def close(self) -> None:
-        """Stop after the graph being compiled, if any (a compile cannot be interrupted)."""
+    def close(self, timeout: float = CLOSE_WAIT_S) -> None:
+        """Stop after the graph being compiled, if any (a compile cannot be interrupted), waiting at
+        most `timeout` seconds for it: a pod stopped by SIGTERM has its grace period to exit in."""
         self.stop.set()
         if self.thread is not None and self.thread.is_alive():
-            log.info("compile: waiting for the background compile to finish before exit")
-            self.thread.join()
+            log.info("compile: waiting up to %.0f s for the background compile to finish before exit", timeout)
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("compile: exiting with the background compile unfinished")

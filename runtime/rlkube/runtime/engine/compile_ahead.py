@@ -22,6 +22,9 @@ compiled layers (float rounding, as `model.compile` itself does), at a step that
 timing. Off by default until measured on a GPU (CPU only so far: docs/benchmarks.md).
 
 Only for a single-process run: the ranks of a multi-GPU job would have to switch at the same step.
+Only DPO/KTO so far: in PPO/GRPO the first layer also runs inside the compiled decode call, which
+would then trace the capture hook (and the capture would have to skip decode calls, whose inputs
+hold the live KV cache); that interplay is neither built nor measured.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ through `--decode-rows` rows with refill on (a finished row takes the next waiti
 (waves). A random model never ends a completion, so refill has nothing to do unless `--eos-median
 M` is given: a forward hook on the LM head then sets the EOS logit of the sampled position so that
 each step ends a completion with probability exactly h = 1 - 0.5 ** (1 / M) (geometric lengths,
-median M), for both sides (bench_rollout's eos_hazard). A fixed EOS bias, used before, gave the
+median M), for both sides (tests/gpu/eos_hazard.py). A fixed EOS bias, used before, gave the
 sides different lengths (1.5B shape, M 48: TRL mean 140-150 tokens, 30% at the limit; rlkube
 66-69): a random model's logits are not flat, so the hazard it gave depended on the weights, and
 the two models differed (rlkube initialises on the GPU, TRL's was built on the CPU); both now
@@ -49,7 +49,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from tests.gpu.bench_rollout import SHAPES, eos_hazard  # noqa: E402
+from tests.gpu.bench_rollout import SHAPES  # noqa: E402
+from tests.gpu.eos_hazard import eos_hazard  # noqa: E402
 from tests.gpu.rollout_options import rollout_settings  # noqa: E402
 
 BOS, PAD, EOS = 257, 256, 258

@@ -29,7 +29,7 @@ and not timed); the dynamic-cache default is printed next to it.
 EOS-on case (`--eos-prompts`, default 1024 prompts on `--eos-rows` 256 decode rows, up to
 `--eos-new-tokens` 1024): a forward hook on the LM head sets the EOS logit of the sampled
 position, the same for every side, so each step ends a completion with a constant probability (a
-random-init model never says EOS by itself; `eos_hazard`). Lengths are then geometric (median
+random-init model never says EOS by itself; tests/gpu/eos_hazard.py). Lengths are then geometric (median
 `--eos-median`, long tail, ~3% reach the limit): within a wave of 256 rows the longest row holds
 the batch. Rows: rlkube with refill (a finished row takes the next waiting prompt; once none
 waits, the busy rows move into smaller batches), rlkube in waves (refill off), rlkube with refill
@@ -50,6 +50,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from eos_hazard import eos_hazard  # noqa: E402
 from model_shapes import SHAPES  # noqa: E402
 
 from rlkube.runtime.engine import decode_batch  # noqa: E402
@@ -129,36 +130,6 @@ def run_ours(decoder, ids, mask, new: int, device, seed: int, eos: int | None = 
     if eos is None:
         assert out.response_ids.shape[1] == new and out.generated_tokens == ids.shape[0] * new
     return time.perf_counter() - t0, out
-
-
-def eos_hazard(model, eos: int, median: float):
-    """Make each sampled token EOS with probability h = 1 - 0.5 ** (1 / median) (geometric
-    lengths, median `median`), whatever the model's logits. Returns the hook handle.
-
-    A forward hook on the LM head sets the EOS logit of the last position of its output (the
-    position a sampler reads: HF `generate` and rlkube's decoder both ask for that one alone) to
-    logsumexp(other logits) + log(h / (1 - h)). A fixed bias on the EOS logit does not do this:
-    a random-init model's logits are not flat (std ~0.8 at the 1.5B shape) and its own EOS logit
-    varies by row and model, so the hazard depends on the weights, and two models of the same
-    shape initialised on different devices (rlkube on the GPU, TRL on the CPU) end at different
-    rates. Other positions are left alone (training log-probs read the head's weight directly on
-    both sides anyway)."""
-    import math
-
-    hazard = 1.0 - 0.5 ** (1.0 / median)
-    offset = math.log(hazard / (1.0 - hazard))
-
-    def hook(module, inputs, output):
-        # Tensor ops only (no Python scalar written into a CUDA tensor): rlkube captures the head
-        # in its decode CUDA graph, and a capture refuses a host-to-device copy.
-        with torch.no_grad():
-            last = output[..., -1, :].float()
-            every = torch.logsumexp(last, dim=-1)
-            others = every + torch.log1p(-torch.exp(last[..., eos] - every))  # all but EOS
-        output[..., -1, eos] = (others + offset).to(output.dtype)
-        return output
-
-    return model.get_output_embeddings().register_forward_hook(hook)
 
 
 def lengths_summary(lengths: torch.Tensor) -> dict:

@@ -34,11 +34,13 @@ Rollout decode rows (GRPO and PPO; `--refill`, a comma list, one run of each cas
 set decodeRows to `--decode-rows` with refill on or off (waves). A random model never says EOS,
 so every completion runs to maxNewTokens and refill has nothing to refill; `--eos-median M`
 makes completions end at geometric lengths of median M: the CLI process gets a sitecustomize
-(written into the case's temp dir, first on its PYTHONPATH) that adds a fixed bias to the EOS
-logit at the output of the LM head (a forward hook on the first Linear with the vocabulary's
-width, found by a global module hook that removes itself). Decoding runs the biased head; the
-fused log-prob head of training does not call the module (so its log-probs miss the bias: with
-ppoEpochs 1 and miniBatches 1 the ratio is 1 either way; only time is measured). Example:
+(written into the case's temp dir, first on its PYTHONPATH) that sets the EOS logit at the output
+of the LM head so each sampled token is EOS with a fixed probability (tests/gpu/eos_hazard.py; a
+forward hook on the first Linear with the vocabulary's width, found by a global module hook that
+removes itself; a fixed EOS bias before 2026-12-05, whose lengths depended on the weights).
+Decoding runs the hooked head; the fused log-prob head of training does not call the module (so
+its log-probs miss the EOS setting: with ppoEpochs 1 and miniBatches 1 the ratio is 1 either way;
+only time is measured). Example:
     PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --cases grpo,ppo --refill all,on,off \
         --decode-rows 32 --eos-median 48
 """
@@ -70,36 +72,22 @@ TINY_STEPS = {"dpo": 5, "grpo": 5, "ppo": 5}
 CASE_TIMEOUT_S = 240
 BYTE_EOS = 258  # the byte-level tokenizer's EOS id (data/tokenizer.py)
 # Loaded by the CLI process before the runtime (see the module docstring, --eos-median).
-EOS_SITECUSTOMIZE = """
-import math, os
+EOS_SITECUSTOMIZE = f"""
+import os, sys
 import torch
 
-_VOCAB, _EOS, _MEDIAN = (int(os.environ["BENCH_EOS_VOCAB"]), int(os.environ["BENCH_EOS_ID"]),
-                         float(os.environ["BENCH_EOS_MEDIAN"]))
-_HAZARD = 1.0 - 0.5 ** (1.0 / _MEDIAN)
-_BIAS = math.log(_HAZARD * (_VOCAB - 1) / (1.0 - _HAZARD))
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from eos_hazard import eos_hook
 
-
-_BIASES = {}
-
-
-def _add_bias(module, inputs, output):
-    # Built once per dtype and device, on the first (eager) call: writing a Python scalar into a
-    # CUDA tensor is a host-to-device copy, which a CUDA graph capture refuses (the decoder then
-    # fell back to decoding without graphs, which the EOS-on figures of 2026-12-04 11:46 measured).
-    key = (output.dtype, output.device)
-    if key not in _BIASES:
-        bias = torch.zeros(output.shape[-1], dtype=output.dtype, device=output.device)
-        bias[_EOS] = _BIAS
-        _BIASES[key] = bias
-    return output + _BIASES[key]
+_VOCAB = int(os.environ["BENCH_EOS_VOCAB"])
+_HOOK = eos_hook(int(os.environ["BENCH_EOS_ID"]), float(os.environ["BENCH_EOS_MEDIAN"]))
 
 
 def _find_head(module, inputs, output):
     if isinstance(module, torch.nn.Linear) and module.out_features == _VOCAB:
-        module.register_forward_hook(_add_bias)
+        module.register_forward_hook(_HOOK)
         _handle.remove()
-        return _add_bias(module, inputs, output)
+        return _HOOK(module, inputs, output)
     return None
 
 

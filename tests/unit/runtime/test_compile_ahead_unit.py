@@ -40,18 +40,29 @@ def test_inputs_are_captured_once_per_grad_mode_and_detached():
     assert torch.equal(args[0], (x * 2).detach())  # the first call's inputs
 
 
-def test_a_failed_background_compile_leaves_the_layers_uncompiled(monkeypatch, caplog):
+def started_on_a_held_compile(monkeypatch, outcome) -> tuple[torch.nn.Module, CompileAhead, threading.Event]:
+    """A CompileAhead started after one step, its thread's torch.compile held until the returned
+    event is set, then doing `outcome(fn)`."""
     model, ahead = tiny_model(), CompileAhead(torch.device("cpu"))
     ahead.add(model)
     run_layers(model, torch.randn(2, 4))
     release = threading.Event()
 
-    def failing_compile(fn, **kwargs):
+    def held_compile(fn, **kwargs):
         release.wait(timeout=60)
-        raise RuntimeError("inductor says no")
+        return outcome(fn)
 
-    monkeypatch.setattr(compile_ahead.torch, "compile", failing_compile)
+    monkeypatch.setattr(compile_ahead.torch, "compile", held_compile)
     ahead.start()
+    return model, ahead, release
+
+
+def fail(fn):
+    raise RuntimeError("inductor says no")
+
+
+def test_a_failed_background_compile_leaves_the_layers_uncompiled(monkeypatch, caplog):
+    model, ahead, release = started_on_a_held_compile(monkeypatch, fail)
     assert not ahead.poll(step=1)  # the thread has not finished: nothing switched
     assert ahead.pending
     release.set()
@@ -77,17 +88,7 @@ def test_non_tensor_inputs_are_shared(value):
 
 
 def test_close_waits_a_bounded_time_for_a_compile_in_flight(monkeypatch):
-    model, ahead = tiny_model(), CompileAhead(torch.device("cpu"))
-    ahead.add(model)
-    run_layers(model, torch.randn(2, 4))
-    release = threading.Event()
-
-    def slow_compile(fn, **kwargs):
-        release.wait(timeout=60)
-        return fn
-
-    monkeypatch.setattr(compile_ahead.torch, "compile", slow_compile)
-    ahead.start()
+    _, ahead, release = started_on_a_held_compile(monkeypatch, lambda fn: fn)
     ahead.close(timeout=0.2)  # returns although the compile has not finished
     assert ahead.thread.is_alive()
     release.set()

@@ -61,7 +61,13 @@ def test_the_first_step_runs_uncompiled_and_the_threads_graphs_serve_the_next(tm
     assert frames >= 2  # the thread compiled the training forward and the no-grad reference forward
     lowered = dict(counters["inductor"]) | dict(counters["aot_autograd"])
 
-    second, regions = compiled_regions(tr, 1)  # switched before this step
+    with torch.autograd.profiler.profile() as prof:  # switched before this step
+        rec = tr.step(1)
+    second = rec["loss"]
+    regions = {e.name for e in prof.function_events if e.name.startswith("Torch-Compiled Region")}
+    switch = rec["compiledFromHere"]
+    assert switch["backgroundCompileSeconds"] > 0
+    assert switch["compileCache"]["hits"] + switch["compileCache"]["misses"] > 0  # the thread's compile, counted
     assert all(compiled_layers(tr))
     assert len(regions) >= 2, regions
     assert counters["frames"]["total"] == frames  # nothing traced on the training thread

@@ -269,8 +269,9 @@ class Trainer:
         # Between steps: the layers compiled in the background take over once ready (compile_ahead.py).
         switched = self.compile_ahead is not None and self.compile_ahead.poll(step)
         rec = self.train_step(step, lr)
-        if switched:
-            rec["compiledFromHere"] = {"backgroundCompileSeconds": round(self.compile_ahead.compile_seconds, 1)}
+        if switched:  # the compile the first step's record could not count yet
+            rec["compiledFromHere"] = {"backgroundCompileSeconds": round(self.compile_ahead.compile_seconds, 1),
+                                       "compileCache": compile_cache_counts()}
         if eval_due(cfg, step + 1):
             with self.busy.phase("eval"):
                 rec["eval"] = {"step": step + 1, **self.evaluate()}

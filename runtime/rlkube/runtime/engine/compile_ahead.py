@@ -69,7 +69,7 @@ class CompileAhead:
         self.done = threading.Event()
         self.stop = threading.Event()
         self.error: BaseException | None = None
-        self.compile_seconds: float | None = None
+        self.compile_seconds = 0.0  # the thread's, once done
         self.switched = False
 
     def add(self, model: torch.nn.Module) -> None:
@@ -121,10 +121,10 @@ class CompileAhead:
                     # weights the forward saved.
                     with torch.set_grad_enabled(grad):
                         call(*args, **kwargs)
-            self.compile_seconds = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 (reported at the switch; the layers stay uncompiled)
             self.error = e
         finally:
+            self.compile_seconds = time.perf_counter() - t0
             self.samples.clear()  # the inputs' memory
             self.done.set()
 
@@ -141,7 +141,7 @@ class CompileAhead:
             for layer in decoder_layers(model):
                 layer.compile(dynamic=True)
         log.info("compile: decoder layers compiled from step %d on (%.1f s on a background thread; the steps "
-                 "before ran uncompiled)", step, self.compile_seconds or 0.0)
+                 "before ran uncompiled)", step, self.compile_seconds)
         return True
 
     def close(self, timeout: float = CLOSE_WAIT_S) -> None:

@@ -99,6 +99,8 @@ class CompileAhead:
             # one registered on a thread that has ended crashes the next compile on this thread
             # (a use-after-free, fixed upstream in pytorch/pytorch#178950). Registered here, it stays.
             torch._C._ensureCUDADeviceGuardSet()
+        log.info("compile: %d models' decoder layers compiled on a background thread from the first step's "
+                 "inputs (training.backgroundCompile); the steps until then run them uncompiled", len(self.models))
         self.thread = threading.Thread(target=self._work, name="rlkube-compile", daemon=True)
         self.thread.start()
 

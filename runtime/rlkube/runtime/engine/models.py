@@ -242,9 +242,7 @@ def compile_layers(model: torch.nn.Module, requested: str, device: torch.device,
     if not compile_wanted(requested, device, auto):
         return False
     if ahead is not None:
-        ahead.add(model)
-        log.info("compile: decoder layers compiled on a background thread from the first step's inputs "
-                 "(model.compile=%s, training.backgroundCompile)", requested)
+        ahead.add(model)  # logged once, when its thread starts
         return True
     layers = decoder_layers(model)
     for layer in layers:

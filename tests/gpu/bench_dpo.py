@@ -57,8 +57,7 @@ def runtime_config(args, case: dict, out: str, attention: str = "auto", compile_
         "data": {"source": "bench", "format": "synthetic", "numSamples": args.global_batch * (args.warmup + args.steps),
                  "maxSeqLen": case["max_len"], "lengthMix": case["mix"], "seed": args.seed},
         "batching": {"globalBatch": args.global_batch, "maxTokensPerGpu": args.token_budget, "maxMicroBatch": 4096},
-        # compiled before the first step, so no timed step runs uncompiled (training.backgroundCompile)
-        "training": {"steps": args.warmup + args.steps, "lr": 1e-6, "seed": args.seed, "backgroundCompile": False},
+        "training": {"steps": args.warmup + args.steps, "lr": 1e-6, "seed": args.seed},
         "checkpoint": {"dir": os.path.join(out, "ckpt"), "everySteps": 10**6},
         "progressPort": 0,
         "outputDir": out,

@@ -25,9 +25,7 @@ each, a table last):
   blocked) and write time per commit;
 - start-up: launch -> first step's end as seen from here, and the runtime's split
   (`startupSeconds`: import, model load, first step; the first step's record has all three,
-  the start record only the first two) when it logs one; with `--background-compile on` (DPO;
-  the runtime's default is off) the first steps run uncompiled, and `compiledFrom` gives the step
-  the compiled layers took over at and the background thread's compile seconds.
+  the start record only the first two) when it logs one.
 
 Rollout decode rows (GRPO and PPO; `--refill`, a comma list, one run of each case per value):
 `all` leaves rollout.decodeRows unset (every row of the step at once, the default); `on` / `off`
@@ -125,7 +123,7 @@ def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | No
     common = {
         "model": {"path": str(model_dir), "dtype": "float32" if args.cpu else "bfloat16", "attention": "auto",
                   "compile": args.compile},
-        "training": {"steps": steps, "lr": 1e-6, "seed": 0, "backgroundCompile": args.background_compile == "on"},
+        "training": {"steps": steps, "lr": 1e-6, "seed": 0, },
         "checkpoint": {"dir": str(work / "ckpt"), "everySteps": args.every, "keep": 1},
         "progressPort": 0,
         "outputDir": str(work / "out"),
@@ -287,9 +285,6 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "decodeRowOccupancy": _mean([r.get("decodeRowOccupancy") for r in after]),
         # decode caches built / graphs captured per step: after the first step, > 0 means re-captures
         "decodeCaptureSeconds": [r["decodeCaptureSeconds"] for r in steps if "decodeCaptureSeconds" in r],
-        # training.backgroundCompile: the step the compiled layers took over at, and the thread's seconds
-        "compiledFrom": next(({"step": r["step"], **r["compiledFromHere"]} for r in steps if "compiledFromHere" in r),
-                             None),
     }
 
 
@@ -322,9 +317,6 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", default="auto", choices=["auto", "layers", "off"],
                     help="model.compile of every case (auto and layers: on one GPU PPO/GRPO score and train "
                     "through compiled layers too; off: nothing compiled)")
-    ap.add_argument("--background-compile", default="off", choices=["on", "off"],
-                    help="training.backgroundCompile (on, DPO: the first steps uncompiled while a thread compiles "
-                    "the layers; off, the runtime's default: the first step waits for the compile)")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds one case's CLI may run")
     ap.add_argument("--log-dir", default=None, help="keep each case's CLI stdout and stderr here")

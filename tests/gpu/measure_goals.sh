@@ -4,7 +4,7 @@
 #
 #   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile dpo-trl
 #
-# util-dpo  busy, tokens/s and start-up of the DPO CLI path, background compile off and on (~5 min)
+# util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
 # grpo-trl  one GRPO step against TRL's GRPOTrainer, equal lengths (EOS median 48), auto vs off (~6 min)
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
@@ -29,10 +29,8 @@ run() {  # run NAME SECONDS CMD...: one bounded measurement, its output kept
 for group in "$@"; do
     case $group in
     util-dpo)
-        for bg in off on; do
-            run "util-dpo-bg-$bg" 280 python3 tests/gpu/bench_utilization.py --cases dpo --steps 45 --every 20 \
-                --background-compile "$bg" --json-out "$out/util-dpo-bg-$bg.json"
-        done ;;
+        run util-dpo 280 python3 tests/gpu/bench_utilization.py --cases dpo --steps 45 --every 20 \
+            --json-out "$out/util-dpo.json" ;;
     util-rl)
         run util-rl 560 python3 tests/gpu/bench_utilization.py --cases grpo,ppo --steps 40 --every 20 \
             --eos-median 48 --json-out "$out/util-rl.json" ;;

@@ -104,9 +104,8 @@ def main() -> int:
         os.environ.update(BENCH_EOS_ID=str(BYTE_EOS), BENCH_EOS_VOCAB=str(SHAPES[shape]["vocab_size"]),
                           BENCH_EOS_MEDIAN=str(args.eos_median))
         exec(EOS_SITECUSTOMIZE, {})
-    # Every step compiled (compile inline, not in the background): the profile is of the steady state.
     bench_args = argparse.Namespace(steps_of={args.case: args.steps}, tiny=args.cpu, cpu=args.cpu, every=1000,
-                                    compile="auto", background_compile="off")
+                                    compile="auto")
     config = RuntimeConfig.model_validate(case_config(args.case, bench_args, work / "model", work))
     activities = [torch.profiler.ProfilerActivity.CPU] + ([] if args.cpu else [torch.profiler.ProfilerActivity.CUDA])
     prof = torch.profiler.profile(activities=activities)

@@ -21,8 +21,7 @@ def first_step(recs: list[dict]) -> dict:
 
 
 def test_a_resumed_trainer_compiles_from_the_cache_next_to_its_checkpoints(tmp_path):
-    # compiled inline, so the first step's record counts the compile (test_compile_ahead: in the background)
-    cfg = tiny_config(tmp_path, training={"steps": 1, "lr": 1e-2, "seed": 0, "backgroundCompile": False},
+    cfg = tiny_config(tmp_path, training={"steps": 1, "lr": 1e-2, "seed": 0},
                       batching={"globalBatch": 8, "mode": "fixed", "maxMicroBatch": 8, "minMicroBatch": 1})
     cfg["model"]["compile"] = "layers"
     rc, recs, err = run_cli(write_config(tmp_path, cfg), timeout=300, TORCHINDUCTOR_CACHE_DIR="")
@@ -45,7 +44,7 @@ def test_a_second_job_compiles_from_the_cache_the_first_job_left_in_compile_cach
     shared = tmp_path / "shared-compile-cache"
     recs_of = {}
     for job in ("first", "second"):
-        cfg = tiny_config(tmp_path / job, training={"steps": 1, "lr": 1e-2, "seed": 0, "backgroundCompile": False},
+        cfg = tiny_config(tmp_path / job, training={"steps": 1, "lr": 1e-2, "seed": 0},
                           batching={"globalBatch": 8, "mode": "fixed", "maxMicroBatch": 8, "minMicroBatch": 1},
                           checkpoint={"compileCacheDir": str(shared)})
         cfg["model"]["compile"] = "layers"

@@ -27,7 +27,7 @@ def run(tmp: Path, compile_mode: str, **model) -> tuple[list[float], dict, bool]
     device the runtime picks (CUDA where present)."""
     from rlkube.runtime.trainers.dpo import DPOTrainer
 
-    cfg = tiny_config(tmp, training={"steps": 2, "lr": 1e-2, "seed": 0, "backgroundCompile": False},
+    cfg = tiny_config(tmp, training={"steps": 2, "lr": 1e-2, "seed": 0},
                       batching={"globalBatch": 8, "mode": "fixed", "maxMicroBatch": 4, "minMicroBatch": 1})
     cfg["model"] |= model | {"compile": compile_mode}
     trainer = DPOTrainer(RuntimeConfig.model_validate(cfg), init_from_env({"actor": [0], "reference": [0]}))

@@ -447,16 +447,6 @@ class TrainingSpec(Spec):
         "never holding the [tokens, vocab] logits (a chunk's logits are recomputed in the backward pass); "
         "false materialises them all (more memory, one matmul less). Same values to fp32 rounding.",
     )
-    background_compile: bool = Field(
-        default=False,
-        description="DPO/KTO with model.compile on ('layers', or 'auto' on CUDA), in a one-process run: the "
-        "first steps run the decoder layers uncompiled while a thread compiles them from the first step's "
-        "inputs, and the compiled layers take over between two steps, so the first step does not wait for "
-        "the compile. The step they take over at depends on timing, so a run's numbers are not the same "
-        "on every run and resume (float rounding). false (the default until measured on a GPU): the first "
-        "step waits for the compile and every step runs compiled. Multi-process runs and PPO/GRPO compile "
-        "inline.",
-    )
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
     trainable_modules: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN)]] | None = Field(

@@ -29,16 +29,12 @@ import copy
 import importlib.util
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from rlkube.runtime.contract.config import ModelSpec
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.log import warn_once
-
-if TYPE_CHECKING:
-    from rlkube.runtime.engine.compile_ahead import CompileAhead
 
 log = logging.getLogger("rlkube.runtime")
 
@@ -228,11 +224,9 @@ def compile_wanted(requested: str, device: torch.device, auto: bool = True) -> b
     return requested == "layers" or (requested == "auto" and auto and device.type == "cuda")
 
 
-def compile_layers(model: torch.nn.Module, requested: str, device: torch.device, auto: bool = True,
-                   ahead: CompileAhead | None = None) -> bool:
+def compile_layers(model: torch.nn.Module, requested: str, device: torch.device, auto: bool = True) -> bool:
     """Regional compilation: `torch.compile` on each decoder layer of `model` in place, where
-    `requested` asks for it (compile_wanted, `auto` as there); with `ahead`, compiled on its
-    thread while the first steps run the layers uncompiled (engine/compile_ahead.py). One layer's graph serves every
+    `requested` asks for it (compile_wanted, `auto` as there). One layer's graph serves every
     layer (same code, same shapes), so the compile is paid once, not once per layer. Shapes are
     dynamic from the first compile: with the default (static first, dynamic on the second distinct
     length) a long-tailed DPO run compiled each layer graph twice, 35 s and then 24 s in its second
@@ -241,9 +235,6 @@ def compile_layers(model: torch.nn.Module, requested: str, device: torch.device,
     original's forward) and before FSDP wraps the layers. Returns whether it compiled."""
     if not compile_wanted(requested, device, auto):
         return False
-    if ahead is not None:
-        ahead.add(model)  # logged once, when its thread starts
-        return True
     layers = decoder_layers(model)
     for layer in layers:
         layer.compile(dynamic=True)

@@ -32,7 +32,6 @@ from typing import TypeVar
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
-from rlkube.runtime.engine.compile_ahead import CompileAhead
 from rlkube.runtime.engine.freezing import parameter_budget
 from rlkube.runtime.infra.checkpoint import Checkpointer
 from rlkube.runtime.infra.distributed import DistContext
@@ -149,10 +148,6 @@ class Trainer:
         self.trainable: torch.nn.Module = torch.nn.Module()  # what this rank checkpoints
         self.optimizers: list[torch.optim.Optimizer] = []
         torch.manual_seed(config.training.seed)
-        # Where a trainer compiles its layers ahead (DPO/KTO): one process only, since the ranks of
-        # a multi-GPU job would have to switch to the compiled layers at the same step.
-        self.compile_ahead = (CompileAhead(ctx.device) if config.training.background_compile and ctx.world_size == 1
-                              else None)
         self.build()
         # Background writes always: the host copy costs the model and optimizer state once more in
         # host memory, which every GPU node this runs on has; the GPU never waits for the disk.
@@ -221,8 +216,6 @@ class Trainer:
     def close(self) -> None:
         """Stop this run's threads (on every exit path of `train`)."""
         self.busy.close()
-        if self.compile_ahead is not None:
-            self.compile_ahead.close()
 
     # -- shared pieces -------------------------------------------------------------------
     def adamw(self, module: torch.nn.Module) -> torch.optim.Optimizer:
@@ -266,12 +259,7 @@ class Trainer:
             for group in optimizer.param_groups:
                 group["lr"] = lr
         self.monitor.reset_peak()
-        # Between steps: the layers compiled in the background take over once ready (compile_ahead.py).
-        switched = self.compile_ahead is not None and self.compile_ahead.poll(step)
         rec = self.train_step(step, lr)
-        if switched:  # the compile the first step's record could not count yet
-            rec["compiledFromHere"] = {"backgroundCompileSeconds": round(self.compile_ahead.compile_seconds, 1),
-                                       "compileCache": compile_cache_counts()}
         if eval_due(cfg, step + 1):
             with self.busy.phase("eval"):
                 rec["eval"] = {"step": step + 1, **self.evaluate()}
@@ -286,8 +274,6 @@ class Trainer:
             if cache is not None:
                 rec["compileCache"] = cache
             self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
-            if self.compile_ahead is not None:
-                self.compile_ahead.start()  # from the inputs this step's layers had
         return rec
 
     def train(self) -> TrainResult:

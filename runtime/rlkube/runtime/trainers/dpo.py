@@ -149,9 +149,9 @@ class DPOTrainer(Trainer):
             ref_lm = frozen_copy(lm)
         apply_trainable_modules(lm, config.training.trainable_modules, config.model.lora)
         # after the reference copy (a copy of a compiled layer would call the original's forward)
-        self.compiled = compile_layers(lm, config.model.compile, ctx.device, ahead=self.compile_ahead)
+        self.compiled = compile_layers(lm, config.model.compile, ctx.device)
         if ref_spec is not None or self.peft is None:
-            compile_layers(ref_lm, config.model.compile, ctx.device, ahead=self.compile_ahead)
+            compile_layers(ref_lm, config.model.compile, ctx.device)
         fused = config.training.fused_logprobs
         self.policy = shard(SequenceLogprobs(lm, fused=fused), ctx, "actor")
         if ref_spec is None and self.peft is not None:

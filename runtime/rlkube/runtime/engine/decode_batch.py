@@ -39,6 +39,8 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import Cache
 
+from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens
+
 # How often (in steps) the host reads the finished flags: each read is a host sync, and refills
 # happen only then. A finished row idles at most this many steps minus one.
 EOS_CHECK_EVERY = 8
@@ -110,11 +112,8 @@ class DecodeBatch:
     setting, plus (with `graphs`) one captured step per read-length bucket. Kept by the `Decoder`
     between calls; `key` says when it can be reused."""
 
-    def __init__(self, decoder, rows: int, prompt_len: int, params, graphs: bool):
-        from rlkube.runtime.engine.generation import sample_tokens  # generation imports this module
-
+    def __init__(self, decoder, rows: int, prompt_len: int, params: SamplingParams, graphs: bool):
         started = time.perf_counter()
-        self._sample = sample_tokens
         model = decoder.model
         device = next(model.parameters()).device
         self.decoder, self.params = decoder, params
@@ -157,7 +156,7 @@ class DecodeBatch:
         """Sample from the last logits, record, advance, and run the forward of the new tokens."""
         p = self.params
         active = ~self.finished
-        token = torch.where(active, self._sample(self.logits, p, self.rng), p.pad_token_id)
+        token = torch.where(active, sample_tokens(self.logits, p, self.rng), p.pad_token_id)
         self.history.scatter_(1, self.gen_len[:, None], token[:, None])
         self.gen_len.add_(active.long())
         done = self.gen_len >= p.max_new_tokens

@@ -30,8 +30,9 @@ from contextlib import contextmanager
 
 import torch
 
-from rlkube.runtime.engine.generation import Decoder, GenerationOutput, SamplingParams
+from rlkube.runtime.engine.generation import Decoder, GenerationOutput
 from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.engine.sampling import SamplingParams
 
 # With the actor's gradients dropped, offload the optimizer state for generation only when less
 # than this share of the device's memory is free (the KV cache then needs the room).

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.prompts import PromptData
-from rlkube.runtime.engine.generation import SamplingParams
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
+from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import RolloutWorker
 from rlkube.runtime.trainers.rl.scoring import Scorer

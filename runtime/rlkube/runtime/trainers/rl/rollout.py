@@ -21,9 +21,9 @@ from rlkube.runtime.algorithms.grpo import group_layout
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.prompts import PromptData, left_padded
 from rlkube.runtime.data.sampler import StepSampler
-from rlkube.runtime.engine.generation import SamplingParams
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.policy import host_to_device
+from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 
 PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens

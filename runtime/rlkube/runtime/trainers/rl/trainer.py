@@ -45,8 +45,8 @@ from rlkube.runtime.data.prefetch import Prefetcher
 from rlkube.runtime.data.prompts import load_prompt_data
 from rlkube.runtime.data.sampler import StepSampler
 from rlkube.runtime.data.tokenizer import load_tokenizer
-from rlkube.runtime.engine.generation import SamplingParams
 from rlkube.runtime.engine.lora import ReferenceView
+from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.log import warn_once

@@ -9,6 +9,14 @@
 # grpo-trl  one GRPO step against TRL's GRPOTrainer, equal lengths (EOS median 48), auto vs off (~6 min)
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
+#
+# The GPU machine has torch and transformers but not the rest: download the wheels here into .whl/
+# (kept out of git; carried to the machine with the working tree), for its Python 3.12:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic==2.14.4 pydantic-core annotated-types typing-inspection liger-kernel==0.8.5 trl==1.16.0 datasets dill multiprocess
+# and there, before this script:
+#   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
 set -u
 out=${1:?usage: $0 OUT GROUP...}
 shift

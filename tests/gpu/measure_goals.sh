@@ -14,7 +14,7 @@
 # (kept out of git; carried to the machine with the working tree), for its Python 3.12:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     pydantic==2.14.4 pydantic-core annotated-types typing-inspection liger-kernel==0.8.5 trl==1.16.0 datasets dill multiprocess
+#     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection liger-kernel==0.8.5 trl==1.16.0 datasets dill multiprocess
 # and there, before this script:
 #   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
 set -u

@@ -123,7 +123,7 @@ def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | No
     common = {
         "model": {"path": str(model_dir), "dtype": "float32" if args.cpu else "bfloat16", "attention": "auto",
                   "compile": args.compile},
-        "training": {"steps": steps, "lr": 1e-6, "seed": 0, },
+        "training": {"steps": steps, "lr": 1e-6, "seed": 0},
         "checkpoint": {"dir": str(work / "ckpt"), "everySteps": args.every, "keep": 1},
         "progressPort": 0,
         "outputDir": str(work / "out"),

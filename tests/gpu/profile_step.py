@@ -90,7 +90,7 @@ def main() -> int:
 
     def sync() -> None:
         if not args.cpu:
-            sync()
+            torch.cuda.synchronize()
     rl = args.case != "dpo"
     skip = args.skip if args.skip is not None else (3 if rl else 6)
     window_len = args.window if args.window is not None else (2 if rl else 6)

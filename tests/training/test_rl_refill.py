@@ -106,9 +106,7 @@ def test_greedy_rollouts_with_refill_equal_all_rows_at_once(tmp_path):
 
 def test_sampled_rollouts_are_reproducible_per_setting_and_refill_draws_differently(tmp_path):
     def sampled(name, decode_rows, refill):
-        # 40 tokens: five windows of EOS flags, so rows that end early are refilled before the
-        # wave's longest ends (the flags are read a window late, decode_batch.CHECK_LAG)
-        trainer = trainer_for(tmp_path / name, decode_rows, refill, maxNewTokens=40)
+        trainer = trainer_for(tmp_path / name, decode_rows, refill)
         rollout, _ = trainer.rollout.generate(0, trainer.rollout.prompts(0))
         return rollout
 

@@ -2,13 +2,12 @@
 # The open GPU goals' measurements (docs/benchmarks.md), in groups that each fit one device call
 # of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
 #
-#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile profile-rl dpo-trl
+#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile dpo-trl
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
 # grpo-trl  one GRPO step against TRL's GRPOTrainer, equal lengths (EOS median 48), auto vs off (~6 min)
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
-# profile-rl  the GRPO profile with the EOS flags read one window late (default) and at once, and PPO's (~5 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
 #
 # The GPU machine has torch and transformers but not the rest: download the wheels here into .whl/
@@ -50,15 +49,11 @@ for group in "$@"; do
         for case in dpo grpo ppo; do
             run "profile-$case" 190 python3 tests/gpu/profile_step.py --case "$case"
         done ;;
-    profile-rl)
-        run profile-grpo 190 python3 tests/gpu/profile_step.py --case grpo
-        run profile-grpo-lag0 190 python3 tests/gpu/profile_step.py --case grpo --check-lag 0
-        run profile-ppo 190 python3 tests/gpu/profile_step.py --case ppo ;;
     dpo-trl)
         run dpo-trl 560 python3 tests/gpu/bench_dpo.py --shape qwen1.5b --cases fixed --trl-checkpointing off \
             --json-out "$out/dpo-trl.json" ;;
     *)
-        echo "unknown group $group (util-dpo util-rl grpo-trl profile profile-rl dpo-trl)" >&2
+        echo "unknown group $group (util-dpo util-rl grpo-trl profile dpo-trl)" >&2
         exit 2 ;;
     esac
 done

@@ -3,7 +3,7 @@
 On a machine with a CUDA GPU, from the repository root (torch, transformers, pydantic, pyyaml,
 nvidia-ml-py; no install of rlkube):
     PYTHONPATH=runtime python3 tests/gpu/profile_step.py --case dpo [--steps 6] [--skip 6 --window 6] [--trace t.json]
-    PYTHONPATH=runtime python3 tests/gpu/profile_step.py --case grpo [--steps 6] [--skip 3 --window 2] [--check-lag 0]
+    PYTHONPATH=runtime python3 tests/gpu/profile_step.py --case grpo [--steps 6] [--skip 3 --window 2]
 
 The config is bench_utilization.py's case (a saved Qwen2.5-1.5B-shaped model; DPO: long-tailed
 pairs, adaptive batching; GRPO/PPO: 128 new tokens, EOS with `--eos-median`), trained by the
@@ -83,8 +83,6 @@ def main() -> int:
                     "run before profiling starts (warm-up)")
     ap.add_argument("--window", type=int, default=None, help="micro-batches (DPO, default 6) or steps (RL, default 2)")
     ap.add_argument("--eos-median", type=float, default=48.0, help="RL: completion length median (EOS on)")
-    ap.add_argument("--check-lag", type=int, default=None,
-                    help="RL: decode_batch.CHECK_LAG (windows queued ahead of the host's read of the EOS flags)")
     ap.add_argument("--trace", default=None, help="write a Chrome trace here")
     ap.add_argument("--cpu", action="store_true", help="dry run: the tiny shape on CPU (no GPU figures)")
     args = ap.parse_args()
@@ -100,9 +98,6 @@ def main() -> int:
     from rlkube.runtime.infra.gpu_busy import sampler_for
     from rlkube.runtime.trainers.base import TrainerHooks
 
-    if args.check_lag is not None:
-        from rlkube.runtime.engine import decode_batch
-        decode_batch.CHECK_LAG = args.check_lag
     work = Path(tempfile.mkdtemp(prefix=f"profile-{args.case}-"))
     save_model(shape, work / "model", cuda=not args.cpu)
     if rl and args.eos_median:  # the bench's EOS bias, in this process (bench_utilization's docstring)

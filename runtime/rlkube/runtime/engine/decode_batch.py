@@ -16,11 +16,8 @@ logits (on the logits as the model returned them, bf16 on GPU), record it, advan
 counters, open its new slot in the attention mask, and run the model's forward for the new
 tokens. On CUDA that whole step is one captured graph (sampling included: the graph's own
 generator is registered with it and seeded once per call), so a step costs one graph launch and
-no host sync. The host learns which rows finished from the finished flags, copied to host memory
-behind every window of `EOS_CHECK_EVERY` steps; it reads a window's copy only after it has queued
-the next window (`CHECK_LAG`), so the GPU keeps decoding while the host harvests, refills and
-launches. A row is harvested and refilled when its flag is read; one that reached
-`max_new_tokens` is known finished without a read.
+no host sync; the host asks for the finished flags every `EOS_CHECK_EVERY` steps, which is when
+rows are harvested and refilled.
 
 Live-KV reads: attention reads only the first `read_len` slots of the cache. A graph is captured
 for a few read lengths (buckets up to the full cache); before each step the host picks the
@@ -44,13 +41,9 @@ from transformers.cache_utils import Cache
 
 from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens
 
-# How often (in steps) the host takes the finished flags; harvests and refills happen only then.
+# How often (in steps) the host reads the finished flags: each read is a host sync, and refills
+# happen only then. A finished row idles at most this many steps minus one.
 EOS_CHECK_EVERY = 8
-# How many windows of EOS_CHECK_EVERY steps stay queued ahead of the host's read of the flags.
-# 0: the host waits for each window to finish before it queues the next, and the GPU idles while
-# the host harvests, prefills and launches. 1: the flags of window k are read after window k+1 is
-# queued, so that host work overlaps window k+1; a finished row idles up to one window longer.
-CHECK_LAG = 1
 # Cache lengths and read lengths are multiples of this, so the mask rows sdpa's kernels get stay aligned.
 LENGTH_STEP = 64
 # Read-length buckets: the full cache split in this many steps over the completion part.
@@ -153,7 +146,6 @@ class DecodeBatch:
         self.cache.prefill_rows = None
         self.logits = first.clone()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._flag_ring: list[torch.Tensor] = []
         if graphs:
             self._capture()
         self.mask.fill_(self.blocked)
@@ -212,15 +204,6 @@ class DecodeBatch:
             self.graphs[read_len] = graph
         torch.cuda.synchronize()
 
-    def flags_behind(self, window: int) -> FlagCopy:
-        """The finished flags as they will be once the steps queued so far have run, copied to host
-        memory behind them (pinned on CUDA; a ring of CHECK_LAG + 1 buffers, window by window)."""
-        if len(self._flag_ring) != CHECK_LAG + 1:
-            pinned = self.finished.is_cuda
-            self._flag_ring = [torch.empty(self.rows, dtype=torch.bool, pin_memory=pinned)
-                               for _ in range(CHECK_LAG + 1)]
-        return FlagCopy(window, self.finished, self._flag_ring[window % len(self._flag_ring)])
-
     # -- rows ----------------------------------------------------------------------------------
     def seed(self, seed: int) -> None:
         """Seed this batch's sampling (its generator is registered with its graphs)."""
@@ -264,27 +247,6 @@ class DecodeBatch:
         self.base_pos.index_copy_(0, rows, prompt_mask.sum(dim=1))
 
 
-class FlagCopy:
-    """A copy of a batch's finished flags queued behind window `window`'s steps. `row_of[r]` is
-    the copied row that batch row r now holds (compaction moves rows; None: a row that was idle)."""
-
-    def __init__(self, window: int, finished: torch.Tensor, buffer: torch.Tensor):
-        buffer.copy_(finished, non_blocking=True)
-        self.event = None
-        if finished.is_cuda:
-            self.event = torch.cuda.Event()
-            self.event.record()
-        self.window, self.buffer = window, buffer
-        self.row_of: list[int | None] = list(range(len(finished)))
-
-    def read(self) -> list[bool]:
-        """The flags per current row: waits for this copy only, not for the steps queued after it."""
-        if self.event is not None:
-            self.event.synchronize()
-        flags = self.buffer.tolist()  # the host sync of this check
-        return [i is not None and flags[i] for i in self.row_of]
-
-
 def call_seed(generator: torch.Generator | None) -> int:
     """One seed for a call's sampling, drawn from the caller's generator (one host read)."""
     device = generator.device if generator is not None else "cpu"
@@ -314,24 +276,20 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
     seed = call_seed(generator) if params.temperature != 0.0 else 0
     batch.seed(seed)
 
-    filled_at = [0] * rows  # the window after which each row was last filled
-    pending: deque[FlagCopy] = deque()  # flag copies not read yet, oldest first
-    window = 0
-
     def fill(free: list[int]) -> None:
         prompts = [waiting.popleft() for _ in free]
         index = torch.tensor(prompts, device=device)
         batch.fill(torch.tensor(free, device=device), input_ids[index], prompt_mask[index])
         for row, prompt in zip(free, prompts, strict=True):
-            assigned[row], age[row], filled_at[row] = prompt, 0, window
+            assigned[row], age[row] = prompt, 0
         stats["prefills"] += 1
 
     fill(list(range(min(rows, count))))
     while True:
         busy = [r for r in range(rows) if assigned[r] >= 0]
         oldest = max(age[r] for r in busy)
-        # Queue no step past the one where the oldest row must have reached its limit.
-        ran = min(EOS_CHECK_EVERY, limit - oldest)
+        # Check no later than when the oldest row must have reached its limit.
+        ran = max(1, min(EOS_CHECK_EVERY, limit - oldest))
         for i in range(1, ran + 1):
             batch.step(oldest + i)
         for r in busy:
@@ -339,23 +297,14 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
         stats["steps"] += ran
         stats["row_steps"] += ran * rows
         stats["row_steps_busy"] += ran * len(busy)
-        window += 1
-        pending.append(batch.flags_behind(window))
-        # A row at its limit is finished whatever its flag says; the others are known finished
-        # from the oldest copy once CHECK_LAG windows are queued behind it. A copy says nothing
-        # of a row filled after it was taken.
-        done = {r for r in busy if age[r] >= limit}
-        if len(pending) > CHECK_LAG:
-            copy = pending.popleft()
-            flags = copy.read()
-            done.update(r for r in busy if flags[r] and filled_at[r] < copy.window)
+        finished = batch.finished.tolist()  # the host sync of this check
+        done = [r for r in busy if finished[r]]
         if done:
-            done_rows = sorted(done)
-            rows_t = torch.tensor(done_rows, device=device)
-            prompts_t = torch.tensor([assigned[r] for r in done_rows], device=device)
+            rows_t = torch.tensor(done, device=device)
+            prompts_t = torch.tensor([assigned[r] for r in done], device=device)
             response.index_copy_(0, prompts_t, batch.history[rows_t])
             lengths.index_copy_(0, prompts_t, batch.gen_len[rows_t])
-            for r in done_rows:
+            for r in done:
                 assigned[r] = -1
         if waiting:
             idle = [r for r in range(rows) if assigned[r] < 0]
@@ -375,12 +324,8 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
                 small.seed(seed + target)
                 small.adopt(batch, busy)
                 batch, rows = small, target
-                moved = busy + [None] * (target - len(busy))  # old row held by each new row
                 assigned = [assigned[r] for r in busy] + [-1] * (target - len(busy))
                 age = [age[r] for r in busy] + [0] * (target - len(busy))
-                filled_at = [filled_at[r] for r in busy] + [0] * (target - len(busy))
-                for copy in pending:
-                    copy.row_of = [None if r is None else copy.row_of[r] for r in moved]
                 stats["compactions"] += 1
     width = int(lengths.max())
     response_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]

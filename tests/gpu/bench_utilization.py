@@ -187,7 +187,8 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         save_model(args.shape, model_dir, cuda=not args.cpu)
         cfg_path = work / "run.yaml"
         cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work, rollout)))
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "runtime"), PYTHONUNBUFFERED="1")
+        # TORCH_LOGS=recompiles: each recompile and the guard that failed, on stderr (recompilesOf)
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "runtime"), PYTHONUNBUFFERED="1", TORCH_LOGS="recompiles")
         if args.eos_median and case != "dpo":
             hooks = work / "eos_hook"
             hooks.mkdir()
@@ -201,7 +202,8 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         proc, recs, sampler, launched, exited = run_cli(cfg_path, env, args, gpu_sampler_gpu, case_name)
         if proc.returncode != 0:
             return {"case": case_name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
-        result = summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {}}
+        result = summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {},
+                                                                          "recompiles": recompiles_of(proc.stderr)}
         if args.restart:
             # The same job restarted (as after a pod is replaced): resumes from the last checkpoint,
             # with the compile cache the first run left in checkpoint.dir.
@@ -242,6 +244,18 @@ def run_cli(cfg_path: Path, env: dict, args, gpu_sampler_gpu: str | None, log_na
     return proc, recs, sampler, launched, exited
 
 
+def recompiles_of(stderr: str) -> list[str]:
+    """The guard failures TORCH_LOGS=recompiles logged: one line per recompile (function and first reason)."""
+    out, lines = [], stderr.splitlines()
+    for i, line in enumerate(lines):
+        if "Recompiling function" in line:
+            what = line.split("Recompiling function", 1)[1].strip()
+            reason = next((x.split("[__recompiles]", 1)[1].strip() for x in lines[i + 2 : i + 3]
+                           if "[__recompiles]" in x), "")
+            out.append(f"{what} :: {reason}")
+    return out
+
+
 def _text(out) -> str:
     return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
 
@@ -276,6 +290,9 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "tokensPerSecond": round(tokens / seconds, 1) if seconds else None,
         "tokensPerSecondPerGpu": round(tokens / (seconds * gpus), 1) if seconds else None,
         "stepSeconds": round(seconds / len(after), 3) if after else None,
+        # the slowest step after the first (a recompile or a stall shows here, not in the mean)
+        "slowestStep": max(({"step": r.get("step"), "seconds": r["seconds"]} for r in after),
+                           key=lambda x: x["seconds"], default=None),
         "checkpointStallSeconds": [r["stallSeconds"] for r in recs if r.get("event") == "checkpointSave"],
         "checkpointWriteSeconds": [r.get("writeSeconds") for r in recs if r.get("event") == "checkpoint"],
         "launchToFirstStepSeconds": round(first_end - launched, 2),

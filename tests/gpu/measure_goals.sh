@@ -2,12 +2,13 @@
 # The open GPU goals' measurements (docs/benchmarks.md), in groups that each fit one device call
 # of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
 #
-#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile dpo-trl
+#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile profile-rl dpo-trl
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
 # grpo-trl  one GRPO step against TRL's GRPOTrainer, equal lengths (EOS median 48), auto vs off (~6 min)
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
+# profile-rl  profile_step.py for GRPO and PPO only (~4 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
 #
 # The GPU machine has torch and transformers but not the rest: download the wheels here into .whl/
@@ -15,8 +16,11 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection liger-kernel==0.8.5 trl==1.16.0 datasets dill multiprocess
-# and there, before this script:
+# and there, before this script, into the interpreter itself (bench_utilization's CLI processes get
+# a PYTHONPATH of their own, so a `pip install --target` directory on PYTHONPATH does not reach them):
 #   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
+# Each group needs ~25 GB of free disk at the Qwen2.5-1.5B shape (model, checkpoints; the scripts
+# remove theirs when they end).
 set -u
 out=${1:?usage: $0 OUT GROUP...}
 shift
@@ -49,11 +53,15 @@ for group in "$@"; do
         for case in dpo grpo ppo; do
             run "profile-$case" 190 python3 tests/gpu/profile_step.py --case "$case"
         done ;;
+    profile-rl)
+        for case in grpo ppo; do
+            run "profile-$case" 190 python3 tests/gpu/profile_step.py --case "$case"
+        done ;;
     dpo-trl)
         run dpo-trl 560 python3 tests/gpu/bench_dpo.py --shape qwen1.5b --cases fixed --trl-checkpointing off \
             --json-out "$out/dpo-trl.json" ;;
     *)
-        echo "unknown group $group (util-dpo util-rl grpo-trl profile dpo-trl)" >&2
+        echo "unknown group $group (util-dpo util-rl grpo-trl profile profile-rl dpo-trl)" >&2
         exit 2 ;;
     esac
 done

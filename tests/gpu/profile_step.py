@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -36,17 +37,20 @@ MIN_GAP_US = 200
 
 
 def idle_gaps(prof: torch.profiler.profile) -> tuple[float, Counter, Counter]:
-    """GPU idle time inside the trace (gaps >= MIN_GAP_US between kernels), in seconds, and that
-    time charged to the outermost host operations and to the runtime's phases running then."""
+    """GPU idle time inside the trace (gaps >= MIN_GAP_US between kernels), in seconds, that time
+    charged to the outermost host operations and to the runtime's phases running then, and the
+    idle time in all gaps, however short (kernels on several streams overlap: their union counts)."""
     events = prof.events()
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events
                      if e.device_type == torch.autograd.DeviceType.CUDA)
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None]
     phases = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("phase:")]
-    gaps, end = [], None
+    gaps, end, all_gaps = [], None, 0.0
     for start, stop in kernels:
-        if end is not None and start - end >= MIN_GAP_US:
-            gaps.append((end, start))
+        if end is not None and start > end:
+            all_gaps += start - end
+            if start - end >= MIN_GAP_US:
+                gaps.append((end, start))
         end = stop if end is None else max(end, stop)
     by_op, by_phase = Counter(), Counter()
     for a, b in gaps:
@@ -59,7 +63,7 @@ def idle_gaps(prof: torch.profiler.profile) -> tuple[float, Counter, Counter]:
                     charged += overlap
             if b - a - charged > 0 and counter is by_op:
                 counter["(python between operators)"] += (b - a - charged) / 1e6
-    return sum(b - a for a, b in gaps) / 1e6, by_op, by_phase
+    return sum(b - a for a, b in gaps) / 1e6, by_op, by_phase, all_gaps / 1e6
 
 
 def phases_traced(sampler):
@@ -138,7 +142,10 @@ def main() -> int:
         from rlkube.runtime.trainers.dpo import train
         hooks.before_micro_batch = window
     t0 = time.perf_counter()
-    result = train(config, hooks=hooks)
+    try:
+        result = train(config, hooks=hooks)
+    finally:  # the model and the final checkpoint: ~20 GB a run at this shape
+        shutil.rmtree(work, ignore_errors=True)
     if seen["started"] is not None and seen["stopped"] is None:
         sync()
         prof.stop()
@@ -156,11 +163,13 @@ def main() -> int:
     events = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in events)
     traced = (seen["stopped"] or 0) - (seen["started"] or 0)
-    idle, by_op, by_phase = idle_gaps(prof)
+    idle, by_op, by_phase, idle_all = idle_gaps(prof)
     print(json.dumps({"runSeconds": round(wall, 2), "tracedSeconds": round(traced, 3),
                       "gpuKernelSeconds": round(kernel_us / 1e6, 3),
                       "gpuBusyInTrace": round(kernel_us / 1e6 / traced, 3) if traced > 0 else None,
                       "idleGapSeconds": round(idle, 3),
+                      # first kernel to last: the share of that span with no kernel running
+                      "idleAllGapsSeconds": round(idle_all, 3),
                       "idleByPhase": {k: round(v, 4) for k, v in by_phase.most_common()},
                       "idleByHostOp": {k: round(v, 4) for k, v in by_op.most_common(25)}}))
     print(events.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))

@@ -87,6 +87,7 @@ def main() -> int:
                     "run before profiling starts (warm-up)")
     ap.add_argument("--window", type=int, default=None, help="micro-batches (DPO, default 6) or steps (RL, default 2)")
     ap.add_argument("--eos-median", type=float, default=48.0, help="RL: completion length median (EOS on)")
+    ap.add_argument("--compile", default="auto", choices=["auto", "layers", "off"], help="model.compile")
     ap.add_argument("--trace", default=None, help="write a Chrome trace here")
     ap.add_argument("--cpu", action="store_true", help="dry run: the tiny shape on CPU (no GPU figures)")
     args = ap.parse_args()
@@ -109,7 +110,7 @@ def main() -> int:
                           BENCH_EOS_MEDIAN=str(args.eos_median))
         exec(EOS_SITECUSTOMIZE, {})
     bench_args = argparse.Namespace(steps_of={args.case: args.steps}, tiny=args.cpu, cpu=args.cpu, every=1000,
-                                    compile="auto")
+                                    compile=args.compile)
     config = RuntimeConfig.model_validate(case_config(args.case, bench_args, work / "model", work))
     activities = [torch.profiler.ProfilerActivity.CPU] + ([] if args.cpu else [torch.profiler.ProfilerActivity.CUDA])
     prof = torch.profiler.profile(activities=activities)

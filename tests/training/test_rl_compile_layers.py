@@ -61,3 +61,33 @@ def test_ppo_scores_and_trains_through_compiled_layers_like_eager(tmp_path, monk
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager.actor.model.lm))
     assert losses == pytest.approx(eager_losses, rel=1e-4, abs=1e-6)
     assert len(set(eager_losses)) == STEPS  # the steps trained on different rollouts
+
+
+def test_rows_without_left_padding_run_one_layer_graph_with_or_without_right_padding():
+    """Prompts of equal length (no left padding): whether EOS left right padding in a micro-batch
+    must not change what the compiled layers get. It did: flat position ids over the right padding
+    made transformers build a packed-sequence mask (a host wait, and a second graph mid-run)."""
+    import transformers
+
+    from rlkube.runtime.engine.models import compile_layers
+    from rlkube.runtime.engine.policy import PolicyModel
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        "qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=False)
+    lm = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    assert compile_layers(lm, "layers", torch.device("cpu"))
+    policy = PolicyModel(lm)
+    prompt, width = 5, 8
+    seq = torch.randint(1, 64, (4, prompt + width))
+    graphs = []
+    for lengths in ([8, 8, 8, 8], [8, 3, 6, 1], [8, 8, 8, 8], [2, 8, 5, 7]):  # EOS left right padding or not
+        att = torch.ones_like(seq)
+        for row, n in enumerate(lengths):
+            att[row, prompt + n :] = 0
+        with torch.no_grad():
+            policy(seq * att, att, prompt, att[:, prompt:])
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs == [graphs[0]] * 4, graphs

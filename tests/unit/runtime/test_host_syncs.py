@@ -37,11 +37,15 @@ def tiny_lm(device: str) -> torch.nn.Module:
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
 
-def rollout() -> Rollout:
-    """Left-padded prompts (lengths 4, 2, 3, ...) and right-padded responses (lengths 5, 1, 3, ...)."""
+PROMPTS = {"left-padded": [4, 2, 3, 4, 1, 2], "equal": [P] * ROWS}
+
+
+def rollout(prompts: str = "left-padded") -> Rollout:
+    """Prompts of lengths 4, 2, 3, ... left-padded to P (or all P long: no left padding, as in a
+    micro-batch of one GRPO group), and right-padded responses (lengths 5, 1, 3, ...)."""
     g = torch.Generator().manual_seed(0)
     att = torch.zeros(ROWS, P + T, dtype=torch.long)
-    for row, (prompt, response) in enumerate(zip([4, 2, 3, 4, 1, 2], [5, 1, 3, 2, 5, 4], strict=True)):
+    for row, (prompt, response) in enumerate(zip(PROMPTS[prompts], [5, 1, 3, 2, 5, 4], strict=True)):
         att[row, P - prompt : P + response] = 1
     seq = torch.randint(1, V, (ROWS, P + T), generator=g) * att
     return Rollout(seq, att, P, list(range(ROWS)))
@@ -65,15 +69,16 @@ def scored_and_advantages():
     return scored, {"advantages": torch.randn(ROWS, generator=g), "returns": torch.randn(ROWS, T, generator=g)}
 
 
+@pytest.mark.parametrize("prompts", sorted(PROMPTS))
 @pytest.mark.parametrize("role", ["actor", "critic"])
-def test_micro_batches_never_wait_for_the_device(role):
+def test_micro_batches_never_wait_for_the_device(role, prompts):
     lm = tiny_lm("meta")
     cls, model = (ActorWorker, PolicyModel(lm)) if role == "actor" else (CriticWorker, ValueModel(lm))
     w = worker(cls, model, "meta")
     scored, adv = scored_and_advantages()
     totals = PassTotals()
     # 3 micro-batches of 2 rows; raises "cannot be called on meta tensors" at the first wait
-    sums = w.backward_micro_batches(rollout(), scored, adv, torch.arange(ROWS), 20.0, totals)
+    sums = w.backward_micro_batches(rollout(prompts), scored, adv, torch.arange(ROWS), 20.0, totals)
     want = {"", "policy_loss", "clip_fraction", "approx_kl", "kl", "entropy"} if role == "actor" \
         else {"", "value_loss", "value_clip_fraction"}
     assert set(sums) == want

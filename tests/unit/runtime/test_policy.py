@@ -10,9 +10,9 @@ from rlkube.runtime.engine.value_model import ValueModel
 torch.set_num_threads(1)
 
 
-def tiny(attn="sdpa"):
+def tiny(attn="sdpa", model_type="qwen2"):
     torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen2", vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = AutoConfig.for_model(model_type, vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
 
@@ -23,10 +23,13 @@ def alone(lm, prompt, response):
     return [float(logits[len(prompt) - 1 + t, tok]) for t, tok in enumerate(response)]
 
 
+# qwen2 takes a prepared mask per layer type (no left padding: "no mask", policy.padded_inputs);
+# llama builds its own from the positions
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
 @pytest.mark.parametrize("left_pad", [True, False])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_padded_rows_match_rows_alone(left_pad, attn):
-    lm = tiny(attn)
+def test_padded_rows_match_rows_alone(left_pad, attn, model_type):
+    lm = tiny(attn, model_type)
     rows = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9, 3], [10, 11]), ([12, 13, 14], [15])]
     if left_pad:
         rows[1] = ([9, 3], [10, 11])
@@ -43,5 +46,5 @@ def test_padded_rows_match_rows_alone(left_pad, attn):
     for i, (p, r) in enumerate(rows):
         assert logps[i, : len(r)].tolist() == pytest.approx(alone(lm, p, r), abs=1e-5)
         assert (logps[i, len(r):] == 0).all() and (entropy[i, : len(r)] > 0).all()
-    values = ValueModel(tiny(attn))(ids, mask, width)
+    values = ValueModel(tiny(attn, model_type))(ids, mask, width)
     assert values.shape == resp_mask.shape and (values == 0).all()  # the head starts at zero

@@ -22,6 +22,9 @@ first epoch's ratio would not be 1 and the KL would compare two different distri
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from rlkube.runtime.engine.fused_head import DEFAULT_CHUNK, head_logprobs
@@ -43,18 +46,47 @@ def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
 
 
+def padded_inputs(body: torch.nn.Module, attention_mask: torch.Tensor, mode: str, dtype: torch.dtype,
+                  host_mask: torch.Tensor | None = None) -> dict:
+    """The attention mask and position ids of `body`'s forward over padded rows (`host_mask`:
+    `attention_mask` in host memory, see padded_causal_mask).
+
+    With left padding: the prebuilt mask and the positions of the real tokens. Without: neither, so
+    the model's own causal attention and positions 0..L-1 apply, which are exact for every real
+    token (a right pad's output is never read, and causal attention keeps real tokens off the pads
+    after them). Position ids that stay flat over right padding, given without a mask, made
+    transformers build a packed-sequence mask (masked attention instead of the causal kernel).
+    With sdpa, where the model takes a prepared mask per layer type (`_takes_mask_mapping`), it
+    gets "no mask" for each, which sdpa runs as causal attention: transformers would otherwise check
+    on the host whether the positions hold packed sequences, a wait for the device on every
+    forward. (Eager attention has no causal mode: it needs the mask transformers builds.)"""
+    mask = padded_causal_mask(attention_mask, mode, dtype, host_mask)
+    if mask is not None:
+        return {"attention_mask": mask, "position_ids": positions_of(attention_mask)}
+    types = set(getattr(body.config, "layer_types", None) or ())
+    if mode == "sdpa" and types == {"full_attention"} and _takes_mask_mapping(type(body)):
+        return {"attention_mask": {"full_attention": None}}
+    return {"attention_mask": None}
+
+
+@functools.cache
+def _takes_mask_mapping(cls: type) -> bool:
+    """Whether `cls.forward` accepts the per-layer-type mask mapping that `generate` prepares (a
+    dict passed as attention_mask) instead of building its masks."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "isinstance(causal_mask_mapping := attention_mask, dict)" in source
+
+
 def response_hidden(
     body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, mode: str,
     dtype: torch.dtype, host_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Hidden states [B, T, d] at the positions that predict response columns 0..T-1
     (`host_mask`: `attention_mask` in host memory, see padded_causal_mask)."""
-    out = body(
-        input_ids=input_ids,
-        attention_mask=padded_causal_mask(attention_mask, mode, dtype, host_mask),
-        position_ids=positions_of(attention_mask),
-        use_cache=False,
-    )
+    out = body(input_ids=input_ids, use_cache=False, **padded_inputs(body, attention_mask, mode, dtype, host_mask))
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     response_len = input_ids.shape[1] - prompt_len
     return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from rlkube.runtime.contract.config import ModelSpec
-from rlkube.runtime.engine.generation import attention_mode, padded_causal_mask
+from rlkube.runtime.engine.generation import attention_mode
 from rlkube.runtime.engine.models import pick_attention, resolve_dtype
-from rlkube.runtime.engine.policy import positions_of
+from rlkube.runtime.engine.policy import padded_inputs
 
 
 class RewardModel(torch.nn.Module):
@@ -25,12 +25,7 @@ class RewardModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         body = self.model.base_model
         dtype = self.model.score.weight.dtype
-        out = body(
-            input_ids=input_ids,
-            attention_mask=padded_causal_mask(attention_mask, self.mode, dtype),
-            position_ids=positions_of(attention_mask),
-            use_cache=False,
-        )
+        out = body(input_ids=input_ids, use_cache=False, **padded_inputs(body, attention_mask, self.mode, dtype))
         hidden = out.last_hidden_state
         columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
         last = torch.where(attention_mask.bool(), columns, -1).max(dim=1).values.clamp_min(0)

@@ -63,7 +63,7 @@ def padded_inputs(body: torch.nn.Module, attention_mask: torch.Tensor, mode: str
     mask = padded_causal_mask(attention_mask, mode, dtype, host_mask)
     if mask is not None:
         return {"attention_mask": mask, "position_ids": positions_of(attention_mask)}
-    types = set(getattr(body.config, "layer_types", None) or ())
+    types = set(getattr(getattr(body, "config", None), "layer_types", None) or ())
     if mode == "sdpa" and types == {"full_attention"} and _takes_mask_mapping(type(body)):
         return {"attention_mask": {"full_attention": None}}
     return {"attention_mask": None}

@@ -250,8 +250,7 @@ def recompiles_of(stderr: str) -> list[str]:
     for i, line in enumerate(lines):
         if "Recompiling function" in line:
             what = line.split("Recompiling function", 1)[1].strip()
-            reason = next((x.split("[__recompiles]", 1)[1].strip() for x in lines[i + 2 : i + 3]
-                           if "[__recompiles]" in x), "")
+            reason = lines[i + 2].split("[__recompiles]", 1)[-1].strip() if i + 2 < len(lines) else ""
             out.append(f"{what} :: {reason}")
     return out
 

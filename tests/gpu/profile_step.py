@@ -36,7 +36,7 @@ from model_shapes import SHAPES  # noqa: E402
 MIN_GAP_US = 200
 
 
-def idle_gaps(prof: torch.profiler.profile) -> tuple[float, Counter, Counter]:
+def idle_gaps(prof: torch.profiler.profile) -> tuple[float, Counter, Counter, float]:
     """GPU idle time inside the trace (gaps >= MIN_GAP_US between kernels), in seconds, that time
     charged to the outermost host operations and to the runtime's phases running then, and the
     idle time in all gaps, however short (kernels on several streams overlap: their union counts)."""
@@ -169,7 +169,7 @@ def main() -> int:
                       "gpuKernelSeconds": round(kernel_us / 1e6, 3),
                       "gpuBusyInTrace": round(kernel_us / 1e6 / traced, 3) if traced > 0 else None,
                       "idleGapSeconds": round(idle, 3),
-                      # first kernel to last: the share of that span with no kernel running
+                      # from the first kernel to the last: the seconds with no kernel running
                       "idleAllGapsSeconds": round(idle_all, 3),
                       "idleByPhase": {k: round(v, 4) for k, v in by_phase.most_common()},
                       "idleByHostOp": {k: round(v, 4) for k, v in by_op.most_common(25)}}))

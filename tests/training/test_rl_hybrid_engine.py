@@ -53,9 +53,7 @@ def worker(rank: int, port: int, results) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    # A forked worker inherits the tensors of the tests that ran before it in this pytest process
-    # (not yet collected): they are not the engine's, so they are left out of the count. Seen in a
-    # CI-order run: inherited storages added 0.4x the model's size.
+    # Whatever the imports left alive before the engine exists is not the engine's.
     inherited = set(live_storages())
 
     ctx = init_from_env({"actor": [0, 1]})
@@ -110,8 +108,9 @@ def test_hybrid_engine_generates_like_an_unsharded_copy_with_one_resident_copy()
         port = s.getsockname()[1]
     manager = mp.Manager()
     results = manager.dict()
-    # fork: the workers reuse this process's imports (torch, transformers) instead of paying them again
-    mp.start_processes(worker, args=(port, results), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: a forked worker would inherit the earlier tests' tensors and compiled graphs,
+    # and torch refuses to fork after a backward has started autograd's threads.
+    mp.start_processes(worker, args=(port, results), nprocs=2, join=True, start_method="spawn")
     for rank in (0, 1):
         r = results[rank]
         assert r["before_train_equal"] and r["after_train_equal"], r

@@ -19,12 +19,12 @@ PAD = 0
 PROMPTS = [[5, 9, 3, 17, 22, 8, 1], [40, 2], [7, 7, 30, 11], [12, 13], [50, 51, 52], [6]]
 
 
-def tiny_model():
+def tiny_model(hidden: int = 32):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     config = AutoConfig.for_model(
-        "qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        "qwen2", vocab_size=64, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
     )
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
@@ -66,6 +66,30 @@ def test_compiled_layers_decode_the_same_tokens():
     assert torch.equal(again.response_ids, eager.response_ids)
     assert decoder._compiled_layers.calls == calls
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - counted == graphs  # nothing compiled again
+
+
+def test_a_batch_as_wide_as_a_head_and_a_read_of_the_whole_cache_compile_nothing_more():
+    """Two start-up recompiles seen on the GPU (TORCH_LOGS=recompiles, GRPO with 128 rows and
+    head_dim 128): dynamo gave the batch and head_dim one symbol, so every smaller batch compiled
+    the graphs again, and the last read-length bucket, a read of the whole cache, guarded apart.
+    Here 16 rows meet head_dim 16 and completions of up to 120 tokens read the whole cache."""
+    torch._dynamo.reset()
+    model = tiny_model(hidden=64)
+    assert model.config.hidden_size // model.config.num_attention_heads == 16
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 64, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(16)]
+    ids, mask = left_padded(prompts)
+    params = SamplingParams(max_new_tokens=120, temperature=1.0, eos_token_id=7, pad_token_id=PAD)
+    decoder = Decoder(model, compile_layers=True)
+    counted = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    out = decoder.generate(ids, mask, params, generator=torch.Generator().manual_seed(0))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - counted
+    lengths = out.response_lengths.tolist()
+    # the test's premises: rows finished at different times (smaller batches), and some row read
+    # past the first bucket into the whole cache (prompt 8 + 120 tokens = 128 slots)
+    assert min(lengths) < 40 and max(lengths) + ids.shape[1] > 64, lengths
+    assert graphs <= 4, graphs  # 9 before: 3 more for the batch's symbol, 2 for the whole-cache read
 
 
 def test_a_layer_its_trainer_compiled_decodes_through_the_decode_call_and_gets_its_own_back():

@@ -48,6 +48,11 @@ EOS_CHECK_EVERY = 8
 LENGTH_STEP = 64
 # Read-length buckets: the full cache split in this many steps over the completion part.
 BUCKETS = 4
+# The cache and the mask hold this many slots past the longest read, never read: every read is
+# then a strict slice of them. A read of the whole tensor guards differently in a compiled layer
+# (its view is the base's full size, the mask's row stride equals the read length), so the last
+# read-length bucket compiled its attention graph once more. 8 keeps the widths 16-byte aligned.
+SPARE_SLOTS = 8
 # Compaction stops at this many rows: below it a step costs about the same whatever the batch.
 COMPACT_MIN_ROWS = 8
 
@@ -122,9 +127,10 @@ class DecodeBatch:
         self.key = (rows, prompt_len, params, self.weights, decoder.length_buckets)
         self.length = _round_up(prompt_len + params.max_new_tokens, LENGTH_STEP)
         self.buckets = read_buckets(prompt_len, params.max_new_tokens, self.length, decoder.length_buckets)
-        self.cache = SlotCache(model.config.num_hidden_layers, rows, self.length, device)
+        slots = self.length + SPARE_SLOTS
+        self.cache = SlotCache(model.config.num_hidden_layers, rows, slots, device)
         self.rng = torch.Generator(device=device)
-        self.mask = decoder._bias(torch.zeros(rows, 1, 1, self.length, dtype=torch.bool, device=device))
+        self.mask = decoder._bias(torch.zeros(rows, 1, 1, slots, dtype=torch.bool, device=device))
         self.allowed = decoder._bias(torch.ones(rows, 1, 1, 1, dtype=torch.bool, device=device))
         self.blocked = decoder._bias(torch.zeros((), dtype=torch.bool, device=device))
         self.input_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)

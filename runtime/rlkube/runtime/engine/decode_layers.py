@@ -23,9 +23,10 @@ would write the cache inside the graph.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.fx.experimental._config as fx_config
 
 from rlkube.runtime.engine.models import decoder_layers
 
@@ -54,6 +55,11 @@ class CompiledDecodeLayers:
         # recompile limit left the rest uncompiled.
         self._unspec_ints = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=self.enabled)
         self._unspec_ints.__enter__()
+        # Dynamo gives two dimensions of equal size one symbol ("duck sizing"): a batch of 128 rows
+        # and a head_dim of 128 became one, so each smaller batch (compaction, a refill's last
+        # rows) failed that guard and compiled three more graphs.
+        self._no_duck = fx_config.patch(use_duck_shape=False) if self.enabled else nullcontext()
+        self._no_duck.__enter__()
         for i, layer in enumerate(self.layers):
             if self.enabled and i not in self.calls:
                 self.calls[i] = torch.compile(layer._call_impl, dynamic=True)
@@ -79,5 +85,6 @@ class CompiledDecodeLayers:
         for layer, call in self.swapped:
             layer._compiled_call_impl = call
         self.swapped = []
+        self._no_duck.__exit__(*exc)
         self._unspec_ints.__exit__(*exc)
         return False

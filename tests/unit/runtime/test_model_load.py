@@ -48,6 +48,8 @@ def test_checkpoint_is_copied_into_a_model_built_on_the_device(tmp_path, monkeyp
             assert torch.equal(ours[name], p), name
         ids = torch.tensor([[1, 5, 9, 2]])
         assert torch.allclose(model(ids).logits, original(ids).logits, atol=1e-6)
+        # built to be trained: in eval mode transformers would skip gradient checkpointing
+        assert all(m.training for m in model.modules())
 
 
 def test_unknown_tensor_names_fall_back_to_from_pretrained_with_a_warning(tmp_path, monkeypatch):
@@ -65,8 +67,9 @@ def test_unknown_tensor_names_fall_back_to_from_pretrained_with_a_warning(tmp_pa
     without_accelerate(monkeypatch)
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
     monkeypatch.setattr(models, "warn_once", lambda key, msg: calls.append(key))
-    models.build_causal_lm(spec(tmp_path), torch.device("cpu"))
+    model, _ = models.build_causal_lm(spec(tmp_path), torch.device("cpu"))
     assert "model-load" in calls and len(calls) == 2
+    assert all(m.training for m in model.modules())  # from_pretrained's eval mode is not kept
 
 
 def test_the_frozen_reference_copy_drops_checkpointing_without_a_deprecation_warning():
@@ -101,3 +104,19 @@ def test_activation_checkpointing_recomputes_to_the_same_gradients():
     assert not any(getattr(m, "gradient_checkpointing", False) for m in plain.modules())
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_evaluating_switches_to_eval_mode_and_back_even_on_an_error():
+    fields = dict(TINY)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    for start in (True, False):
+        model.train(start)
+        with models.evaluating(model):
+            assert not any(m.training for m in model.modules())
+        assert all(m.training == start for m in model.modules())
+        try:
+            with models.evaluating(model):
+                raise KeyError("x")
+        except KeyError:
+            pass
+        assert all(m.training == start for m in model.modules())

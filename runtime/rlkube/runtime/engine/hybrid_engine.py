@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import torch
 
 from rlkube.runtime.engine.generation import Decoder, GenerationOutput
+from rlkube.runtime.engine.models import evaluating
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.engine.sampling import SamplingParams
 
@@ -148,18 +149,16 @@ class HybridEngine:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.reshard_seconds += time.perf_counter() - started
-        was_training = self.policy.training
-        self.policy.eval()
         self.generating = True
         try:
-            yield
+            with evaluating(self.policy):
+                yield
         finally:
             self.generating = False
             if self.sharded or offload:
                 # Sharded: the next unshard gathers into fresh memory, so the graph would be
                 # re-captured anyway; short of memory: training needs the cache's room.
                 self.decoder.release()
-            self.policy.train(was_training)
             started = time.perf_counter()
             for unit in self.units:
                 unit.set_reshard_after_forward(True, recurse=False)

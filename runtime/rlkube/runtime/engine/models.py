@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -120,6 +121,11 @@ def build_causal_lm(
     model.config.use_cache = False
     if spec.gradient_checkpointing:
         activation_checkpointing(model, True)
+    # from_pretrained hands a model over in eval mode. A model built here is trained unless its
+    # caller freezes it (frozen models call eval()): in eval mode transformers skips gradient
+    # checkpointing, and a compiled layer's graphs guard on the flag (a critic left in eval mode
+    # next to an actor in train mode compiled a training graph of its own).
+    model.train()
     return model.to(device), attention
 
 
@@ -187,6 +193,19 @@ def _copy_safetensors(model: torch.nn.Module, files: list[Path], device: torch.d
         written |= tied
     missing = {n for n, _ in model.named_parameters(remove_duplicate=False)} - written
     return not missing
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module):
+    """Within: `model` in eval mode (no dropout), its mode restored after. For passes without a
+    backward (generation, old log-probs, values, the eval set): what they score is the model's
+    distribution, not one dropout sample of it, and they share one compiled graph."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

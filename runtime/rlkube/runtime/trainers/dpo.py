@@ -49,6 +49,7 @@ from rlkube.runtime.engine.models import (
     avoid_cudnn_sdpa,
     build_causal_lm,
     compile_layers,
+    evaluating,
     frozen_copy,
     shard,
 )
@@ -220,17 +221,12 @@ class DPOTrainer(Trainer):
         batches = eval_micro_batches(len(self.eval_data), ctx.world_size, ctx.rank,
                                      self.config.batching.max_micro_batch)
         sums = dict.fromkeys(keys, 0.0)
-        was_training = self.policy.training
-        self.policy.train(False)  # no dropout: the eval set's numbers are the model's, not a sample's
-        try:
-            with torch.no_grad():
-                for ids in batches:
-                    batch = self.collate(ids or [0], self.eval_data).to(ctx.device)
-                    _, out = self.score_batch(batch, counted=bool(ids))
-                    for key in keys if ids else ():
-                        sums[key] += out[key]
-        finally:
-            self.policy.train(was_training)
+        with evaluating(self.policy), torch.no_grad():  # the eval set's numbers are the model's, not a sample's
+            for ids in batches:
+                batch = self.collate(ids or [0], self.eval_data).to(ctx.device)
+                _, out = self.score_batch(batch, counted=bool(ids))
+                for key in keys if ids else ():
+                    sums[key] += out[key]
         sums = host_numbers(sums)
         return self.eval_summary(dict(zip(keys, all_reduce_sum(ctx, [sums[k] for k in keys]), strict=True)))
 

@@ -9,7 +9,7 @@ import torch
 
 from rlkube.runtime.algorithms.ppo import value_loss
 from rlkube.runtime.contract.config import RuntimeConfig
-from rlkube.runtime.engine.models import build_causal_lm, compile_role, shard
+from rlkube.runtime.engine.models import build_causal_lm, compile_role, evaluating, shard
 from rlkube.runtime.engine.value_model import ValueModel
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices, to_response_width
@@ -31,9 +31,10 @@ class CriticWorker(RoleWorker):
     def values(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """Per-token values of the responses of `rows` (the old values, at rollout time)."""
         out = []
-        for batch in micro_slices(rows, self.config.batching.max_micro_batch):
-            seq, att, host = rollout.on_device(batch, self.groups.ctx.device)
-            out.append(to_response_width(self.model(seq, att, rollout.prompt_len, host_mask=host), rollout))
+        with evaluating(self.model):
+            for batch in micro_slices(rows, self.config.batching.max_micro_batch):
+                seq, att, host = rollout.on_device(batch, self.groups.ctx.device)
+                out.append(to_response_width(self.model(seq, att, rollout.prompt_len, host_mask=host), rollout))
         return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,

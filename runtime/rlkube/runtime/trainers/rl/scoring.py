@@ -19,7 +19,7 @@ import torch
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.prompts import PromptData
 from rlkube.runtime.data.tokenizer import Tokenizer
-from rlkube.runtime.engine.models import build_causal_lm, compile_role, shard
+from rlkube.runtime.engine.models import build_causal_lm, compile_role, evaluating, shard
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import ConfigError
@@ -49,10 +49,11 @@ def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
 def response_logprobs(model: torch.nn.Module, rollout: Rollout, rows: slice, micro: int, device) -> torch.Tensor:
     """Per-token log-probs of the responses of `rows` under `model` (a PolicyModel), `micro` rows at a time."""
     out = []
-    for batch in micro_slices(rows, micro):
-        seq, att, host = rollout.on_device(batch, device)
-        logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :], host_mask=host)
-        out.append(to_response_width(logps, rollout))
+    with evaluating(model):
+        for batch in micro_slices(rows, micro):
+            seq, att, host = rollout.on_device(batch, device)
+            logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :], host_mask=host)
+            out.append(to_response_width(logps, rollout))
     return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
 
 

@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from torch._subclasses.fake_tensor import FakeTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlkube.runtime.data.prompts import left_padded
@@ -26,13 +25,12 @@ PROMPTS = [[257, 72, 105, 33], [257, 65], [257, 1, 2, 3, 4, 5, 6]]
 
 
 def live_storages() -> dict[int, int]:
-    """Every distinct tensor storage alive in this process: data pointer -> bytes. Fake tensors
-    (torch.compile's tracing values, kept by earlier tests' compiled graphs) hold no memory."""
+    """Every distinct tensor storage alive in this process: data pointer -> bytes."""
     found: dict[int, int] = {}
     gc.collect()
     for obj in gc.get_objects():
         try:
-            if not isinstance(obj, torch.Tensor) or isinstance(obj, FakeTensor):
+            if not isinstance(obj, torch.Tensor):
                 continue
             t = obj._local_tensor if hasattr(obj, "_local_tensor") else obj
             storage = t.untyped_storage()

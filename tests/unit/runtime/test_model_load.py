@@ -1,5 +1,6 @@
 """Loading a saved checkpoint: straight onto the device, tensor by tensor, same weights."""
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -114,9 +115,6 @@ def test_evaluating_switches_to_eval_mode_and_back_even_on_an_error():
         with models.evaluating(model):
             assert not any(m.training for m in model.modules())
         assert all(m.training == start for m in model.modules())
-        try:
-            with models.evaluating(model):
-                raise KeyError("x")
-        except KeyError:
-            pass
+        with pytest.raises(KeyError), models.evaluating(model):
+            raise KeyError("x")
         assert all(m.training == start for m in model.modules())

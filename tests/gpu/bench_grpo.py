@@ -7,7 +7,8 @@ On a machine with a CUDA GPU, from the repository root:
 
 Same for both: a Qwen2.5-1.5B-shaped model from its config (random init), bf16 parameters, sdpa
 attention, the same prompts (`--prompts` per step, 128 tokens each: byte ids for rlkube, the
-same ids as words "w<id>" of a word-level tokenizer for TRL), `--group` completions per prompt,
+same ids as words "w<id>" of a word-level tokenizer for TRL; `--prompt-min-tokens` gives them lengths
+spread down to that, left-padded by both), `--group` completions per prompt,
 up to 256 new tokens sampled at temperature 1 (EOS is the same id for both; a random model
 almost never emits it), one optimizer step per rollout (TRL: num_iterations 1, no reference
 model since its default beta is 0; rlkube: ppoEpochs 1, miniBatches 1, kl 0), the same cheap
@@ -56,10 +57,12 @@ from tests.gpu.rollout_options import rollout_settings  # noqa: E402
 BOS, PAD, EOS = 257, 256, 258
 
 
-def prompt_texts(n: int, chars: int, seed: int) -> list[str]:
+def prompt_texts(n: int, chars: int, seed: int, min_chars: int | None = None) -> list[str]:
+    """n random prompts of `chars` characters, or of lengths uniform in [min_chars, chars]."""
     rng = random.Random(seed)
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;"
-    return ["".join(rng.choice(alphabet) for _ in range(chars)) for _ in range(n)]
+    lengths = [chars if min_chars is None else rng.randint(min_chars, chars) for _ in range(n)]
+    return ["".join(rng.choice(alphabet) for _ in range(length)) for length in lengths]
 
 
 def sync():
@@ -202,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
     ap.add_argument("--group", type=int, default=8, help="completions per prompt")
     ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--prompt-min-tokens", type=int, default=None,
+                    help="prompts of lengths uniform in [this, --prompt-tokens] (left-padded) instead of all equal")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--micro", type=int, default=32, help="rlkube micro-batch rows")
     ap.add_argument("--warmup", type=int, default=1)
@@ -220,12 +225,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     n = args.prompts * (args.warmup + args.steps)
-    texts = prompt_texts(n, args.prompt_tokens - 1, seed=0)  # + bos = prompt_tokens
+    shortest = None if args.prompt_min_tokens is None else args.prompt_min_tokens - 1
+    texts = prompt_texts(n, args.prompt_tokens - 1, seed=0, min_chars=shortest)  # + bos = prompt_tokens
     import transformers
 
     setup = {"model": args.shape, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
              "attention": "sdpa", "prompts_per_step": args.prompts, "group": args.group,
-             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "torch": torch.__version__,
+             "prompt_tokens": args.prompt_tokens, "prompt_min_tokens": args.prompt_min_tokens, "new_tokens": args.new_tokens, "torch": torch.__version__,
              "transformers": transformers.__version__, "eos_median": args.eos_median, "compile": args.compile,
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     by_rollout = {}

@@ -63,10 +63,12 @@ def test_ppo_scores_and_trains_through_compiled_layers_like_eager(tmp_path, monk
     assert len(set(eager_losses)) == STEPS  # the steps trained on different rollouts
 
 
-def test_rows_without_left_padding_run_one_layer_graph_with_or_without_right_padding():
-    """Prompts of equal length (no left padding): whether EOS left right padding in a micro-batch
+def test_rows_of_any_padding_run_one_layer_graph():
+    """Whether prompts of other lengths left left padding, or EOS right padding, in a micro-batch
     must not change what the compiled layers get. It did: flat position ids over the right padding
-    made transformers build a packed-sequence mask (a host wait, and a second graph mid-run)."""
+    made transformers build a packed-sequence mask (a host wait, and a second graph mid-run), and
+    left padding took a 4-D mask (another graph, and sdpa's masked kernel) until rows went in
+    flush left (policy.flush_left)."""
     import transformers
 
     from rlkube.runtime.engine.models import compile_layers
@@ -83,10 +85,11 @@ def test_rows_without_left_padding_run_one_layer_graph_with_or_without_right_pad
     prompt, width = 5, 8
     seq = torch.randint(1, 64, (4, prompt + width))
     graphs = []
-    for lengths in ([8, 8, 8, 8], [8, 3, 6, 1], [8, 8, 8, 8], [2, 8, 5, 7]):  # EOS left right padding or not
-        att = torch.ones_like(seq)
-        for row, n in enumerate(lengths):
-            att[row, prompt + n :] = 0
+    for prompts, lengths in (([5, 5, 5, 5], [8, 8, 8, 8]), ([5, 5, 5, 5], [8, 3, 6, 1]),  # right padding or not
+                             ([2, 5, 4, 1], [8, 8, 8, 8]), ([5, 3, 5, 2], [2, 8, 5, 7])):  # left padding too
+        att = torch.zeros_like(seq)
+        for row, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+            att[row, prompt - p : prompt + n] = 1
         with torch.no_grad():
             policy(seq * att, att, prompt, att[:, prompt:])
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])

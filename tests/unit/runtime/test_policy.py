@@ -23,8 +23,7 @@ def alone(lm, prompt, response):
     return [float(logits[len(prompt) - 1 + t, tok]) for t, tok in enumerate(response)]
 
 
-# qwen2 takes a prepared mask per layer type (no left padding: "no mask", policy.padded_inputs);
-# llama builds its own from the positions
+# qwen2 takes a prepared mask per layer type ("no mask", policy._causal_only); llama builds its own
 @pytest.mark.parametrize("model_type", ["qwen2", "llama"])
 @pytest.mark.parametrize("left_pad", [True, False])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -41,8 +40,12 @@ def test_padded_rows_match_rows_alone(left_pad, attn, model_type):
         mask.append([0] * pad + [1] * (len(p) + len(r)) + [0] * (4 - len(r)))
         resp_mask.append([1] * len(r) + [0] * (4 - len(r)))
     ids, mask, resp_mask = torch.tensor(ids), torch.tensor(mask), torch.tensor(resp_mask)
+    masks = []
+    lm.model.register_forward_pre_hook(lambda m, a, kw: masks.append(kw["attention_mask"]), with_kwargs=True)
     with torch.no_grad():
         logps, entropy = PolicyModel(lm)(ids, mask, width, resp_mask, with_entropy=True)
+    # the rows go in flush left, so the body attends causally without a mask, left padding or not
+    assert masks == [{"full_attention": None} if (model_type, attn) == ("qwen2", "sdpa") else None]
     for i, (p, r) in enumerate(rows):
         assert logps[i, : len(r)].tolist() == pytest.approx(alone(lm, p, r), abs=1e-5)
         assert (logps[i, len(r):] == 0).all() and (entropy[i, : len(r)] > 0).all()

@@ -61,36 +61,6 @@ class GenerationOutput:
         return int(self.response_mask.sum())
 
 
-def padded_causal_mask(attention_mask: torch.Tensor, mode: str, dtype: torch.dtype,
-                       host_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The [B, 1, L, L] mask of padded rows (any mix of left and right padding) for a full
-    forward: causal, real keys only, and every query may see itself, so pad queries stay finite.
-
-    mode: 'sdpa' (bool, True = attend), 'eager' (additive float), or '2d' (returns the 2-D mask
-    itself, for kernels such as flash-attention that take padding masks only). Returns None
-    when no row has left padding (the model's own causal mask is then exact). `host_mask`, the
-    same mask in host memory, answers that question without waiting for the device.
-    """
-    if mode == "2d":
-        return attention_mask
-    seen = attention_mask if host_mask is None else host_mask
-    if bool(seen[:, 0].all()) and bool((seen[:, 1:] <= seen[:, :-1]).all()):
-        # No left padding: plain causal attention already keeps real tokens off the trailing
-        # pads, and without a mask sdpa can take its flash kernel instead of a masked one.
-        return None
-    length = attention_mask.shape[1]
-    idx = torch.arange(length, device=attention_mask.device)
-    causal = idx[None, :] <= idx[:, None]
-    allowed = (attention_mask.bool()[:, None, :] & causal[None]) | torch.eye(
-        length, dtype=torch.bool, device=attention_mask.device
-    )[None]
-    allowed = allowed[:, None]
-    if mode == "eager":
-        zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(dtype).min)
-    return allowed
-
-
 def attention_mode(model) -> str:
     """How `model` takes a prebuilt mask: 'sdpa' (bool 4-D), 'eager' (float 4-D) or '2d'."""
     return _attention_mode(model)

@@ -3,7 +3,8 @@ response block in a padded rollout batch.
 
 Rollout rows are `[left-padded prompt (P columns) | right-padded response (T columns)]`. The
 token in response column t is predicted by the hidden state at column P + t - 1, so the head
-only ever sees T positions per row, never the prompt's. Log-probs go through the core's chunked
+only ever sees T positions per row, never the prompt's. The body runs over the rows moved flush
+left (`flush_left`), so it attends causally without a mask whatever the prompts' lengths. Log-probs go through the core's chunked
 head (`fused_head.head_logprobs`), which never holds a full-vocabulary logits tensor for the
 batch, nor for the entropy when it is asked for (`fused=False`, from `training.fusedLogprobs`,
 materialises them).
@@ -28,7 +29,7 @@ import inspect
 import torch
 
 from rlkube.runtime.engine.fused_head import DEFAULT_CHUNK, head_logprobs
-from rlkube.runtime.engine.generation import attention_mode, padded_causal_mask
+from rlkube.runtime.engine.generation import attention_mode
 from rlkube.runtime.engine.logprobs import body_and_head
 
 
@@ -41,32 +42,42 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def positions_of(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids counting real tokens only (left padding gets 0), as generation used."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
+def flush_left(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's tokens moved left past its left padding, and how far each row moved ([B]).
+
+    A rollout row holds its real tokens in one run: left padding, the prompt, the response up to
+    EOS, right padding. Moved left, every row is real tokens then padding, so plain causal
+    attention with positions 0..n-1 is exact for each real token (as generation saw it) and the
+    model needs no mask: sdpa runs its causal flash kernel instead of a masked one, the model
+    builds no [B, 1, L, L] mask, and a compiled layer sees one graph whatever the prompts'
+    lengths. Computed on the device, without a host wait. The columns after a row's end repeat
+    its last column; their outputs are never read."""
+    width = input_ids.shape[1]
+    shift = (attention_mask.long().cumsum(dim=1) == 0).sum(dim=1)
+    source = (torch.arange(width, device=input_ids.device)[None, :] + shift[:, None]).clamp_max(width - 1)
+    return input_ids.gather(1, source), shift
 
 
-def padded_inputs(body: torch.nn.Module, attention_mask: torch.Tensor, mode: str, dtype: torch.dtype,
-                  host_mask: torch.Tensor | None = None) -> dict:
-    """The attention mask and position ids of `body`'s forward over padded rows (`host_mask`:
-    `attention_mask` in host memory, see padded_causal_mask).
+def flush_left_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`body`'s last hidden states [B, L, d] over padded rows moved flush left (`flush_left`), and
+    each row's shift: column c of row b is at c - shift[b] in the result."""
+    ids, shift = flush_left(input_ids, attention_mask)
+    out = body(input_ids=ids, use_cache=False, attention_mask=_causal_only(body, mode))
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden, shift
 
-    With left padding: the prebuilt mask and the positions of the real tokens. Without: neither, so
-    the model's own causal attention and positions 0..L-1 apply, which are exact for every real
-    token (a right pad's output is never read, and causal attention keeps real tokens off the pads
-    after them). Position ids that stay flat over right padding, given without a mask, made
-    transformers build a packed-sequence mask (masked attention instead of the causal kernel).
-    With sdpa, where the model takes a prepared mask per layer type (`_takes_mask_mapping`), it
-    gets "no mask" for each, which sdpa runs as causal attention: transformers would otherwise check
-    on the host whether the positions hold packed sequences, a wait for the device on every
-    forward. (Eager attention has no causal mode: it needs the mask transformers builds.)"""
-    mask = padded_causal_mask(attention_mask, mode, dtype, host_mask)
-    if mask is not None:
-        return {"attention_mask": mask, "position_ids": positions_of(attention_mask)}
+
+def _causal_only(body: torch.nn.Module, mode: str):
+    """The `attention_mask` argument that asks `body` for causal attention alone. None lets the
+    model build its own causal mask (eager attention needs it). With sdpa, where the model takes a
+    prepared mask per layer type (`_takes_mask_mapping`), "no mask" for each, which sdpa runs as
+    causal attention: with None, transformers would check on the host whether the positions hold
+    packed sequences, a wait for the device on every forward."""
     types = set(getattr(getattr(body, "config", None), "layer_types", None) or ())
     if mode == "sdpa" and types == {"full_attention"} and _takes_mask_mapping(type(body)):
-        return {"attention_mask": {"full_attention": None}}
-    return {"attention_mask": None}
+        return {"full_attention": None}
+    return None
 
 
 @functools.cache
@@ -80,16 +91,16 @@ def _takes_mask_mapping(cls: type) -> bool:
     return "isinstance(causal_mask_mapping := attention_mask, dict)" in source
 
 
-def response_hidden(
-    body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, mode: str,
-    dtype: torch.dtype, host_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Hidden states [B, T, d] at the positions that predict response columns 0..T-1
-    (`host_mask`: `attention_mask` in host memory, see padded_causal_mask)."""
-    out = body(input_ids=input_ids, use_cache=False, **padded_inputs(body, attention_mask, mode, dtype, host_mask))
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+def response_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                    mode: str) -> torch.Tensor:
+    """Hidden states [B, T, d] at the positions that predict response columns 0..T-1 (column
+    prompt_len + t - 1 of each padded row)."""
+    hidden, shift = flush_left_hidden(body, input_ids, attention_mask, mode)
     response_len = input_ids.shape[1] - prompt_len
-    return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
+    columns = torch.arange(prompt_len - 1, prompt_len - 1 + response_len, device=hidden.device)
+    # clamp: a row without real tokens (shift = L) reads column 0; its outputs are masked anyway
+    at = (columns[None, :] - shift[:, None]).clamp_min(0)
+    return hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
 
 class PolicyModel(torch.nn.Module):
@@ -119,7 +130,7 @@ class PolicyModel(torch.nn.Module):
         shapes of the head's work; read from the host copy it costs no wait for the device (the
         trainer passes it: a boolean index on the device waits for the whole body's forward)."""
         body, head = body_and_head(self.lm)
-        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode, head.weight.dtype, host_mask)
+        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode)
         valid = response_mask if host_mask is None else host_mask[:, prompt_len:]
         where = valid.bool().flatten().nonzero().squeeze(1)
         where = host_to_device(where, hidden.device) if where.device != hidden.device else where

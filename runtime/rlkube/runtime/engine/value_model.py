@@ -34,10 +34,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
         self.mode = attention_mode(lm)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                host_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`host_mask`: `attention_mask` in host memory (policy.response_hidden)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
         body = self.lm.get_decoder() if hasattr(self.lm, "get_decoder") else self.lm.model
-        dtype = self.value_head.weight.dtype
-        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode, dtype, host_mask)
+        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode)
         return self.value_head(hidden).squeeze(-1).float()

@@ -10,7 +10,7 @@ import torch
 from rlkube.runtime.contract.config import ModelSpec
 from rlkube.runtime.engine.generation import attention_mode
 from rlkube.runtime.engine.models import pick_attention, resolve_dtype
-from rlkube.runtime.engine.policy import padded_inputs
+from rlkube.runtime.engine.policy import flush_left_hidden
 
 
 class RewardModel(torch.nn.Module):
@@ -23,12 +23,9 @@ class RewardModel(torch.nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        body = self.model.base_model
-        dtype = self.model.score.weight.dtype
-        out = body(input_ids=input_ids, use_cache=False, **padded_inputs(body, attention_mask, self.mode, dtype))
-        hidden = out.last_hidden_state
-        columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        last = torch.where(attention_mask.bool(), columns, -1).max(dim=1).values.clamp_min(0)
+        hidden, _ = flush_left_hidden(self.model.base_model, input_ids, attention_mask, self.mode)
+        # flush left, a row's last real token is at its length - 1
+        last = (attention_mask.sum(dim=1) - 1).clamp_min(0)
         picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         return self.model.score(picked).squeeze(-1).float()
 

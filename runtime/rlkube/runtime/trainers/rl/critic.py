@@ -33,8 +33,8 @@ class CriticWorker(RoleWorker):
         out = []
         with evaluating(self.model):
             for batch in micro_slices(rows, self.config.batching.max_micro_batch):
-                seq, att, host = rollout.on_device(batch, self.groups.ctx.device)
-                out.append(to_response_width(self.model(seq, att, rollout.prompt_len, host_mask=host), rollout))
+                seq, att, _ = rollout.on_device(batch, self.groups.ctx.device)
+                out.append(to_response_width(self.model(seq, att, rollout.prompt_len), rollout))
         return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
@@ -42,7 +42,7 @@ class CriticWorker(RoleWorker):
         dev, p = self.groups.ctx.device, rollout.prompt_len
         resp = att[:, p:].float()
         cols = resp.shape[1]
-        values = self.model(seq, att, p, host_mask=host)
+        values = self.model(seq, att, p)
         loss, clip_frac = value_loss(
             values, scored["values"][idx, :cols].to(dev), adv["returns"][idx, :cols].to(dev), resp,
             self.config.training.value_clip,

@@ -141,7 +141,8 @@ def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | No
     prompts = 4 if tiny else (16 if case == "grpo" else 64)
     data = work / "prompts.jsonl"
     prompts_file(data, prompts * steps, prompt_chars)
-    roles = {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": "rlkube.runtime.rewards:target_pattern"}}
+    reward = "slow_reward:verifier_like" if args.reward_ms else "rlkube.runtime.rewards:target_pattern"
+    roles = {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": reward}}
     if case == "ppo":
         roles["critic"] = {"colocateWith": "actor"}
     return {**common, "algorithm": case, "roles": roles,
@@ -195,6 +196,9 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             (hooks / "sitecustomize.py").write_text(EOS_SITECUSTOMIZE)
             env.update(PYTHONPATH=f"{hooks}{os.pathsep}{env['PYTHONPATH']}", BENCH_EOS_ID=str(BYTE_EOS),
                        BENCH_EOS_VOCAB=str(SHAPES[args.shape]["vocab_size"]), BENCH_EOS_MEDIAN=str(args.eos_median))
+        if args.reward_ms and case != "dpo":  # tests/gpu/slow_reward.py, importable by the CLI
+            here = os.path.dirname(os.path.abspath(__file__))
+            env.update(PYTHONPATH=f"{env['PYTHONPATH']}{os.pathsep}{here}", BENCH_REWARD_MS=str(args.reward_ms))
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.pop(k, None)
         if args.cpu:
@@ -343,6 +347,9 @@ def main(argv=None) -> int:
     ap.add_argument("--restart", type=int, default=0,
                     help="then run the same job again for N more steps (resumes from its checkpoint and compile "
                     "cache) and report its start-up")
+    ap.add_argument("--reward-ms", type=float, default=0.0,
+                    help="GRPO/PPO: a reward function that spends this many ms of Python per completion "
+                    "(tests/gpu/slow_reward.py), as a verifier does")
     ap.add_argument("--eos-median", type=float, default=None,
                     help="GRPO/PPO: bias EOS so completions end at geometric lengths of this median")
     args = ap.parse_args(argv)

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 DRY_RUNS = {
     "profile_step_dpo": ["tests/gpu/profile_step.py", "--cpu", "--case", "dpo", "--steps", "8"],
     "profile_step_ppo": ["tests/gpu/profile_step.py", "--cpu", "--case", "ppo", "--steps", "5"],
-    "bench_utilization": ["tests/gpu/bench_utilization.py", "--cpu", "--tiny", "--cases", "dpo,grpo", "--steps", "3"],
+    "bench_utilization": ["tests/gpu/bench_utilization.py", "--cpu", "--tiny", "--cases", "dpo,grpo", "--steps", "3",
+                          "--reward-ms", "1"],
     "bench_grpo": ["tests/gpu/bench_grpo.py", "--shape", "tiny", "--prompts", "2", "--group", "4", "--new-tokens", "8",
                    "--steps", "1", "--only", "ours", "--prompt-min-tokens", "32"],
     "bench_dpo": ["tests/gpu/bench_dpo.py", "--shape", "tiny", "--skip-trl", "--steps", "1", "--warmup", "1"],

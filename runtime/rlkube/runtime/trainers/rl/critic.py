@@ -35,7 +35,7 @@ class CriticWorker(RoleWorker):
             for batch in micro_slices(rows, self.config.batching.max_micro_batch):
                 seq, att, _ = rollout.on_device(batch, self.groups.ctx.device)
                 out.append(to_response_width(self.model(seq, att, rollout.prompt_len), rollout))
-        return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
+        return torch.cat(out)  # on the device: the caller waits once (Scorer.score)
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -67,9 +67,19 @@ class RoleGroups:
         self, role: str, compute: Callable[[slice], torch.Tensor], rows: int, shape_tail: tuple, dtype: torch.dtype
     ) -> torch.Tensor:
         """`compute(share)` on the role's ranks (each its share of `rows`), gathered, broadcast to all."""
-        value = None
+        return self.collect(role, self.compute_here(role, compute, rows), rows, shape_tail, dtype)
+
+    def compute_here(self, role: str, compute: Callable[[slice], torch.Tensor], rows: int) -> torch.Tensor | None:
+        """`compute(share)` where this rank holds `role`, else None. Nothing here waits for the
+        device: device work `compute` queues is still running when this returns (`collect` waits)."""
         if role in self.here or not self.ctx.initialized:
-            value = self.gather(compute(self.rows_of(rows, role)).to(dtype).cpu(), role)
+            return compute(self.rows_of(rows, role))
+        return None
+
+    def collect(self, role: str, part: torch.Tensor | None, rows: int, shape_tail: tuple,
+                dtype: torch.dtype) -> torch.Tensor:
+        """The role's shares (`compute_here`'s results) gathered and broadcast to every rank, on the CPU."""
+        value = None if part is None else self.gather(part.to(dtype).cpu(), role)
         return self.broadcast(value, role, (rows, *shape_tail), dtype)
 
     def sum_in(self, values: list[float], role: str) -> list[float]:

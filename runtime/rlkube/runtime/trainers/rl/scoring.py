@@ -1,7 +1,8 @@
 """Stage 2 of an RL step: everything the losses need to know about the rollout, before training.
 
 Each role computes on its own ranks, on its share of the rows, and the role's leader broadcasts
-the result (`RoleGroups.per_row`):
+the result (`RoleGroups.collect`). The forwards are queued before the reward function runs, so its host
+work overlaps them (`Scorer.score`):
 - scores: a rule-based reward function on the reward ranks, or a reward model over them;
 - ref_logprobs: the frozen reference's per-token log-probs (when training.kl > 0): a model of
   its own, or, for a LoRA actor, the actor itself with its adapters off (the trainer passes it);
@@ -54,7 +55,7 @@ def response_logprobs(model: torch.nn.Module, rollout: Rollout, rows: slice, mic
             seq, att, host = rollout.on_device(batch, device)
             logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :], host_mask=host)
             out.append(to_response_width(logps, rollout))
-    return torch.cat(out).cpu()  # one wait for the device, after the last micro-batch
+    return torch.cat(out)  # on the device: the caller waits once, for every role's result (Scorer.score)
 
 
 class Scorer:
@@ -110,16 +111,22 @@ class Scorer:
                                    torch.float32)
 
     def score(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """Device work first, then the reward: the forwards (reference, values, old log-probs) are
+        queued without a wait, so a reward function's host work (decoding the completions, the
+        user's Python) runs while the GPU computes them, and the host waits once, when it collects."""
         t = rollout.sequences.shape[1] - rollout.prompt_len
-
-        def per_row(role: str, compute: RowsFn, tail: tuple) -> torch.Tensor:
-            return self.groups.per_row(role, lambda rows: compute(rollout, rows), rollout.rows, tail, torch.float32)
-
-        out = {"scores": per_row("reward", self._scores, ())}
+        queued: dict[str, tuple[str, torch.Tensor | None]] = {}
         if self.use_reference:
-            out["ref_logprobs"] = per_row("reference", self._reference_logprobs, (t,))
+            queued["ref_logprobs"] = ("reference", self._here("reference", self._reference_logprobs, rollout))
         if self.with_values:
-            out["values"] = per_row("critic", self.values, (t,))
+            queued["values"] = ("critic", self._here("critic", self.values, rollout))
         if self.with_old_logprobs:
-            out["old_logprobs"] = per_row("actor", self.old_logprobs, (t,))
+            queued["old_logprobs"] = ("actor", self._here("actor", self.old_logprobs, rollout))
+        out = {"scores": self.groups.collect("reward", self._here("reward", self._scores, rollout), rollout.rows, (),
+                                             torch.float32)}
+        for name, (role, part) in queued.items():
+            out[name] = self.groups.collect(role, part, rollout.rows, (t,), torch.float32)
         return out
+
+    def _here(self, role: str, compute: RowsFn, rollout: Rollout) -> torch.Tensor | None:
+        return self.groups.compute_here(role, lambda rows: compute(rollout, rows), rollout.rows)

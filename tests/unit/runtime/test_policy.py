@@ -51,3 +51,26 @@ def test_padded_rows_match_rows_alone(left_pad, attn, model_type):
         assert (logps[i, len(r):] == 0).all() and (entropy[i, : len(r)] > 0).all()
     values = ValueModel(tiny(attn, model_type))(ids, mask, width)
     assert values.shape == resp_mask.shape and (values == 0).all()  # the head starts at zero
+
+
+def test_flush_left_moves_each_row_past_its_left_padding():
+    from rlkube.runtime.engine.policy import flush_left, response_hidden
+
+    ids = torch.tensor([[0, 0, 5, 6, 7, 0], [1, 2, 3, 4, 0, 0], [0, 0, 0, 0, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+    moved, shift = flush_left(ids, mask)
+    assert shift.tolist() == [2, 0, 6]  # a row without real tokens moves by its whole width
+    assert moved[0, :3].tolist() == [5, 6, 7] and moved[1].tolist() == ids[1].tolist()
+
+    class Body(torch.nn.Module):  # hidden state = the token id it saw, so the gather is visible
+        config = None
+
+        def forward(self, input_ids, use_cache, attention_mask):
+            assert attention_mask is None
+            return (input_ids[..., None].float(),)
+
+    # prompt block of 3 columns: response column t is predicted at column 2 + t of the padded row
+    hidden = response_hidden(Body(), ids, mask, 3, "eager")
+    assert hidden[0, :, 0].tolist() == [5, 6, 7]  # columns 2, 3, 4 of row 0 -> 0, 1, 2 moved
+    assert hidden[1, :, 0].tolist() == [3, 4, 0]
+    assert hidden.shape == (3, 3, 1)  # the empty row reads column 0 instead of failing

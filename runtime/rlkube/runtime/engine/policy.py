@@ -4,10 +4,10 @@ response block in a padded rollout batch.
 Rollout rows are `[left-padded prompt (P columns) | right-padded response (T columns)]`. The
 token in response column t is predicted by the hidden state at column P + t - 1, so the head
 only ever sees T positions per row, never the prompt's. The body runs over the rows moved flush
-left (`flush_left`), so it attends causally without a mask whatever the prompts' lengths. Log-probs go through the core's chunked
-head (`fused_head.head_logprobs`), which never holds a full-vocabulary logits tensor for the
-batch, nor for the entropy when it is asked for (`fused=False`, from `training.fusedLogprobs`,
-materialises them).
+left (`flush_left`), so it attends causally without a mask whatever the prompts' lengths.
+Log-probs go through the core's chunked head (`fused_head.head_logprobs`), which never holds a
+full-vocabulary logits tensor for the batch, nor for the entropy when it is asked for
+(`fused=False`, from `training.fusedLogprobs`, materialises them).
 
 `PolicyModel` is a module rather than a function so that FSDP2 can shard it as the root: the
 embedding, final norm and lm head belong to the root unit and are gathered in its pre-forward,

@@ -110,7 +110,7 @@ def main() -> int:
                           BENCH_EOS_MEDIAN=str(args.eos_median))
         exec(EOS_SITECUSTOMIZE, {})
     bench_args = argparse.Namespace(steps_of={args.case: args.steps}, tiny=args.cpu, cpu=args.cpu, every=1000,
-                                    compile=args.compile)
+                                    compile=args.compile, reward_ms=0.0)
     config = RuntimeConfig.model_validate(case_config(args.case, bench_args, work / "model", work))
     activities = [torch.profiler.ProfilerActivity.CPU] + ([] if args.cpu else [torch.profiler.ProfilerActivity.CUDA])
     prof = torch.profiler.profile(activities=activities)

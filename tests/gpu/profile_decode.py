@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_rollout import build, floor_seconds_per_step, run_ours  # noqa: E402
 
-from rlkube.runtime.engine.generation import Decoder, _DecodeAttention  # noqa: E402
+from rlkube.runtime.engine.generation import Decoder, decode_attention  # noqa: E402
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, n: int = 20) -> float:
@@ -47,7 +47,7 @@ def kernel_profile(decoder: Decoder, read_len: int, top: int = 12) -> dict:
     batch = decoder._batch
     steps = 3
     # The decoder's own attention (grouped-query decode, its sdpa kernel), as inside generate.
-    with _DecodeAttention(decoder.model, decoder.gqa_decode), decoder._compiled_layers:
+    with decode_attention(decoder.model, decoder.gqa_decode), decoder._compiled_layers:
         batch._step(read_len)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

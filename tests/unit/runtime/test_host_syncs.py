@@ -28,9 +28,9 @@ from rlkube.runtime.trainers.rl.update import PassTotals, RoleWorker
 ROWS, P, T, V = 6, 4, 5, 61
 
 
-def tiny_lm(device: str) -> torch.nn.Module:
+def tiny_lm(device: str, model_type: str = "qwen2") -> torch.nn.Module:
     config = transformers.AutoConfig.for_model(
-        "qwen2", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        model_type, vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
     torch.manual_seed(0)
     with torch.device(device):
@@ -69,10 +69,13 @@ def scored_and_advantages():
     return scored, {"advantages": torch.randn(ROWS, generator=g), "returns": torch.randn(ROWS, T, generator=g)}
 
 
+# Llama and Mistral bodies, given no mask, checked on the host whether the positions held packed
+# sequences before engine/attention.py's causal_attention (Qwen2 took a per-layer-type "no mask")
+@pytest.mark.parametrize("model_type", ["qwen2", "llama", "mistral"])
 @pytest.mark.parametrize("prompts", sorted(PROMPTS))
 @pytest.mark.parametrize("role", ["actor", "critic"])
-def test_micro_batches_never_wait_for_the_device(role, prompts):
-    lm = tiny_lm("meta")
+def test_micro_batches_never_wait_for_the_device(role, prompts, model_type):
+    lm = tiny_lm("meta", model_type)
     cls, model = (ActorWorker, PolicyModel(lm)) if role == "actor" else (CriticWorker, ValueModel(lm))
     w = worker(cls, model, "meta")
     scored, adv = scored_and_advantages()

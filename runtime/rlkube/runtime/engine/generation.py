@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlkube.runtime.engine.attention import attention_mode, swapped
 from rlkube.runtime.engine.decode_batch import BUCKETS, DecodeBatch, decode
 from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
 from rlkube.runtime.engine.decode_layers import CompiledDecodeLayers
@@ -61,18 +62,12 @@ class GenerationOutput:
         return int(self.response_mask.sum())
 
 
-def attention_mode(model) -> str:
-    """How `model` takes a prebuilt mask: 'sdpa' (bool 4-D), 'eager' (float 4-D) or '2d'."""
-    return _attention_mode(model)
-
-
 # Decode attention for grouped-query models. With a mask, HF's sdpa path (transformers 5.17)
 # repeats every key/value head `groups` times before calling the kernel: at batch 256 that
 # writes and re-reads ~6x the KV cache per layer per token. For one query token the groups can
 # instead ride in the query-length dimension ([B, Hq, 1, D] -> [B, Hkv, G, D]), so the kernel
 # reads each cached key/value once. Prefill and non-grouped models use HF's sdpa unchanged.
 _GQA_DECODE = "rlkube_gqa_decode_sdpa"
-_registered = False
 
 
 def _gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -89,37 +84,10 @@ def _gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-class _DecodeAttention:
-    """Within: the model's sdpa layers use `_gqa_decode_attention` (restored on exit)."""
-
-    def __init__(self, model, enabled: bool):
-        self.config = model.config
-        self.enabled = enabled and getattr(model.config, "_attn_implementation", None) == "sdpa"
-
-    def __enter__(self):
-        global _registered
-        if self.enabled:
-            if not _registered:
-                from transformers import AttentionInterface
-
-                AttentionInterface.register(_GQA_DECODE, _gqa_decode_attention)
-                _registered = True
-            self.config._attn_implementation = _GQA_DECODE
-        return self
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.config._attn_implementation = "sdpa"
-        return False
-
-
-def _attention_mode(model) -> str:
-    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    if impl not in ("sdpa", "eager"):
-        # flash-attention takes 2-D padding masks only; it still works here, just without the
-        # prebuilt 4-D mask (and so without CUDA graphs).
-        return "2d"
-    return impl
+def decode_attention(model, enabled: bool):
+    """Within: the model's sdpa layers use `_gqa_decode_attention` (its own attention on exit)."""
+    return swapped(model, _GQA_DECODE, _gqa_decode_attention,
+                   enabled=enabled and getattr(model.config, "_attn_implementation", None) == "sdpa")
 
 
 def _cache_kwarg(model) -> str:
@@ -147,7 +115,7 @@ class Decoder:
                  batch_rows: int | None = None, refill: bool = True, compile_layers: bool = False):
         self.model = model
         on_cuda = next(model.parameters()).device.type == "cuda"
-        self.mode = _attention_mode(model)
+        self.mode = attention_mode(model)
         self.static_cache = (self.mode != "2d") if static_cache is None else static_cache
         if self.static_cache and self.mode == "2d":
             log.warning("generation: attention %r takes no 4-D mask; decoding with a dynamic cache, "
@@ -227,7 +195,7 @@ class Decoder:
             return self._generate(input_ids, prompt_mask, params, generator, rows)
 
     def _generate(self, input_ids, prompt_mask, params: SamplingParams, generator, rows: int) -> GenerationOutput:
-        with _DecodeAttention(self.model, self.gqa_decode), self._compiled_layers:
+        with decode_attention(self.model, self.gqa_decode), self._compiled_layers:
             if not self.static_cache:
                 if self.refill and rows < input_ids.shape[0]:
                     from rlkube.runtime.infra.log import warn_once

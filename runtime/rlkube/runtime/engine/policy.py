@@ -23,13 +23,12 @@ first epoch's ratio would not be 1 and the KL would compare two different distri
 
 from __future__ import annotations
 
-import functools
-import inspect
+from contextlib import nullcontext
 
 import torch
 
+from rlkube.runtime.engine.attention import attention_mode, causal_attention
 from rlkube.runtime.engine.fused_head import DEFAULT_CHUNK, head_logprobs
-from rlkube.runtime.engine.generation import attention_mode
 from rlkube.runtime.engine.logprobs import body_and_head
 
 
@@ -61,34 +60,13 @@ def flush_left(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[t
 def flush_left_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     """`body`'s last hidden states [B, L, d] over padded rows moved flush left (`flush_left`), and
-    each row's shift: column c of row b is at c - shift[b] in the result."""
+    each row's shift: column c of row b is at c - shift[b] in the result. `mode` (attention_mode)
+    is the attention `body` runs; with sdpa it runs causal alone, no mask built (engine/attention.py)."""
     ids, shift = flush_left(input_ids, attention_mask)
-    out = body(input_ids=ids, use_cache=False, attention_mask=_causal_only(body, mode))
+    with causal_attention(body, ids.shape[1]) if mode == "sdpa" else nullcontext():
+        out = body(input_ids=ids, use_cache=False, attention_mask=None)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden, shift
-
-
-def _causal_only(body: torch.nn.Module, mode: str):
-    """The `attention_mask` argument that asks `body` for causal attention alone. None lets the
-    model build its own causal mask (eager attention needs it). With sdpa, where the model takes a
-    prepared mask per layer type (`_takes_mask_mapping`), "no mask" for each, which sdpa runs as
-    causal attention: with None, transformers would check on the host whether the positions hold
-    packed sequences, a wait for the device on every forward."""
-    types = set(getattr(getattr(body, "config", None), "layer_types", None) or ())
-    if mode == "sdpa" and types == {"full_attention"} and _takes_mask_mapping(type(body)):
-        return {"full_attention": None}
-    return None
-
-
-@functools.cache
-def _takes_mask_mapping(cls: type) -> bool:
-    """Whether `cls.forward` accepts the per-layer-type mask mapping that `generate` prepares (a
-    dict passed as attention_mask) instead of building its masks."""
-    try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-    return "isinstance(causal_mask_mapping := attention_mask, dict)" in source
 
 
 def response_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkube.runtime.engine.generation import attention_mode
+from rlkube.runtime.engine.attention import attention_mode
 from rlkube.runtime.engine.logprobs import body_and_head
 from rlkube.runtime.engine.policy import response_hidden
 

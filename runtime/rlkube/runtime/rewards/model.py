@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from rlkube.runtime.contract.config import ModelSpec
-from rlkube.runtime.engine.generation import attention_mode
+from rlkube.runtime.engine.attention import attention_mode
 from rlkube.runtime.engine.models import pick_attention, resolve_dtype
 from rlkube.runtime.engine.policy import flush_left_hidden
 

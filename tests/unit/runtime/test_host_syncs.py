@@ -5,7 +5,8 @@ has run everything queued; once per micro-batch, the GPU then idles while the ho
 next stage (update.py, RoleWorker.backward_micro_batches). Run on the meta device, every such
 wait raises (a meta tensor has no values), so the actor's and the critic's forward and backward
 over a rollout with left- and right-padded rows must run there end to end. The host-mask path
-must also compute what the device-mask path computes (CPU, values and gradients).
+must also compute what the device-mask path computes (CPU, values and gradients). DPO's rows of
+one sequence each (sdpa on CUDA) run their forward there too.
 """
 
 from types import SimpleNamespace
@@ -111,3 +112,18 @@ def test_host_mask_path_computes_what_the_device_mask_path_does():
     assert (a[r.attention_mask[:, P:] == 0] == 0).all() and a.abs().sum() > 0
     assert torch.equal(a, b) and torch.equal(ea, eb)
     assert all(torch.allclose(x, y, atol=1e-7) for x, y in zip(ga, gb, strict=True))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_dpo_rows_of_one_sequence_never_wait_for_the_device(model_type):
+    """DPO with sdpa on CUDA: one right-padded sequence a row, no mask (trainers/dpo.py). Given no
+    mask, transformers checked the position ids for packed sequences on the host, every forward."""
+    from rlkube.runtime.data.packing import pad_pairs
+    from rlkube.runtime.data.preferences import PreferenceData
+    from rlkube.runtime.engine.logprobs import SequenceLogprobs
+
+    data = PreferenceData(prompts=[[5, 6, 7], [8]], chosen=[[9, 10], [11, 12, 13]], rejected=[[14], [15, 16]])
+    batch = pad_pairs(data, [0, 1], bos=1, eos=2, pad=0, padding_mask=False)
+    batch = batch.to(torch.device("meta"))
+    logps = SequenceLogprobs(tiny_lm("meta", model_type))(batch)
+    assert logps.shape == (4,) and logps.device.type == "meta"

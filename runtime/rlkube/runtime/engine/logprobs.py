@@ -14,10 +14,12 @@ on the device and kept on the batch, so the reference and the policy forward sha
 from __future__ import annotations
 
 import functools
+from contextlib import nullcontext
 
 import torch
 
 from rlkube.runtime.data.packing import TokenBatch
+from rlkube.runtime.engine.attention import causal_attention
 from rlkube.runtime.engine.fused_head import DEFAULT_CHUNK, token_logprobs
 
 __all__ = ["DEFAULT_CHUNK", "SequenceLogprobs", "body_and_head", "document_mask", "token_logprobs"]
@@ -83,7 +85,12 @@ class SequenceLogprobs(torch.nn.Module):
         mask = batch.attention_mask
         if batch.packed and getattr(self.lm.config, "_attn_implementation", None) == "flex_attention":
             mask = document_mask(batch)
-        out = body(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask, use_cache=False)
+        # One sequence a row, right-padded, no mask: causal alone is exact, and with sdpa it runs
+        # without transformers' host check for packed positions (engine/attention.py).
+        causal = mask is None and not batch.packed
+        with causal_attention(body, batch.input_ids.shape[1]) if causal else nullcontext():
+            out = body(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
+                       use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)
         logps = token_logprobs(picked, head.weight, batch.target_ids, self.chunk, fused=self.fused)

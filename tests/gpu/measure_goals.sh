@@ -2,7 +2,7 @@
 # The open GPU goals' measurements (docs/benchmarks.md), in groups that each fit one device call
 # of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
 #
-#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile profile-rl dpo-trl
+#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile profile-rl dpo-trl nvml
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
@@ -10,6 +10,7 @@
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
 # profile-rl  profile_step.py for GRPO and PPO only (~4 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
+# nvml      what NVML counts as busy: workloads of known busy fraction against nvidia-smi (~1 min)
 #
 # The GPU machine has torch and transformers but not the rest: download the wheels here into .whl/
 # (kept out of git; carried to the machine with the working tree), for its Python 3.12:
@@ -60,8 +61,10 @@ for group in "$@"; do
     dpo-trl)
         run dpo-trl 560 python3 tests/gpu/bench_dpo.py --shape qwen1.5b --cases fixed --trl-checkpointing off \
             --json-out "$out/dpo-trl.json" ;;
+    nvml)
+        run nvml 120 python3 tests/gpu/probe_nvml.py --json-out "$out/nvml.json" ;;
     *)
-        echo "unknown group $group (util-dpo util-rl grpo-trl profile profile-rl dpo-trl)" >&2
+        echo "unknown group $group (util-dpo util-rl grpo-trl profile profile-rl dpo-trl nvml)" >&2
         exit 2 ;;
     esac
 done

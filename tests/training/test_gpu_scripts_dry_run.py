@@ -22,6 +22,7 @@ DRY_RUNS = {
     "bench_grpo": ["tests/gpu/bench_grpo.py", "--shape", "tiny", "--prompts", "2", "--group", "4", "--new-tokens", "8",
                    "--steps", "1", "--only", "ours", "--prompt-min-tokens", "32"],
     "bench_dpo": ["tests/gpu/bench_dpo.py", "--shape", "tiny", "--skip-trl", "--steps", "1", "--warmup", "1"],
+    "probe_nvml": ["tests/gpu/probe_nvml.py", "--cpu", "--seconds", "0.2"],
 }
 
 

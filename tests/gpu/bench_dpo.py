@@ -15,8 +15,9 @@ maxSeqLen) and long-tailed lengths (log-normal, median ~300, tail past 2,000, ca
 
 Measured over the timed steps after warm-up: tokens/s of real (non-pad) tokens each trainer
 processed, MFU from the FLOPs the step *needs* (rlkube.runtime.infra.metrics.FlopModel, same formula
-for both) against 989 TFLOP/s (H100/H200 datasheet bf16 dense) and against the ~800 TFLOP/s
-bf16 matmul ceiling measured on an H200 (docs/benchmarks.md), peak memory, set-up time.
+for both) against 989 TFLOP/s (H100/H200 datasheet bf16 dense) and against the bf16 matmul ceiling
+measured on the card at the start of the run (`measure_peak`: ~800 TFLOP/s on an H200 in earlier
+runs; setup.measured_peak_tflops), peak memory, set-up time.
 TRL runs twice per case: its defaults (gradient checkpointing on) and tuned as a user with an H200
 sets it (checkpointing off); both pad to the batch's longest, and the ratio is against the faster.
 rlkube runs once per `--ours` attention setting (auto: flex_attention packing on CUDA without
@@ -42,7 +43,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_shapes import SHAPES  # noqa: E402
 
 PEAK_DATASHEET = 989e12
-PEAK_MEASURED = 800e12
+# The card's bf16 matmul ceiling, measured once at the start of the run (main); None on CPU.
+PEAK_MEASURED: float | None = None
+
+
+def measure_peak(reps: int = 50) -> float | None:
+    """The best bf16 matmul rate (FLOP/s) of this card over square and wide matmuls of sizes an
+    MFU is read against, timed with CUDA events after a warm-up; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    best = 0.0
+    for m, k, n in ((8192, 8192, 8192), (16384, 8192, 8192), (8192, 16384, 8192)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ b
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            a @ b
+        end.record()
+        end.synchronize()
+        best = max(best, 2 * m * k * n * reps / (start.elapsed_time(end) / 1e3))
+        del a, b
+    torch.cuda.empty_cache()
+    return best
+
+
+def of_measured_peak(flops_per_second: float | None) -> float | None:
+    return flops_per_second / PEAK_MEASURED if flops_per_second and PEAK_MEASURED else None
 
 
 def runtime_config(args, case: dict, out: str, attention: str = "auto", compile_mode: str = "auto"):
@@ -88,7 +117,7 @@ def run_ours(args, case: dict, setting: str) -> dict:
     res = {
         "tokens_per_s": tokens / seconds,
         "mfu_datasheet": window_mfu * trainer.peak / PEAK_DATASHEET if window_mfu else None,
-        "mfu_measured_peak": window_mfu * trainer.peak / PEAK_MEASURED if window_mfu else None,
+        "mfu_measured_peak": of_measured_peak(window_mfu * trainer.peak if window_mfu else None),
         "peak_memory_gib": peak * total / 2**30,
         "setup_s": setup,
         "step_s": [r["seconds"] for r in timed],
@@ -211,7 +240,7 @@ def run_trl(args, case: dict, batch: int, checkpointing: bool) -> dict:
     if cuda:
         flops = pair_flops_per_pair(args, case) * args.global_batch * args.steps
         res["mfu_datasheet"] = flops / seconds / PEAK_DATASHEET
-        res["mfu_measured_peak"] = flops / seconds / PEAK_MEASURED
+        res["mfu_measured_peak"] = of_measured_peak(flops / seconds)
     del trainer, model, ref
     gc.collect()
     if cuda:
@@ -269,6 +298,8 @@ def main() -> int:
     p.add_argument("--json-out", default=None)
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    global PEAK_MEASURED
+    PEAK_MEASURED = measure_peak()
     cases = {"fixed": {"mix": "fixed", "max_len": args.fixed_len},
              "longTailed": {"mix": "longTailed", "max_len": args.long_len}}
     results = []
@@ -276,7 +307,8 @@ def main() -> int:
         case = cases[name]
         row = {"case": name, "setup": {"shape": args.shape, "model": SHAPES[args.shape], "pairs_per_step": args.global_batch,
                "max_len": case["max_len"], "length_mix": case["mix"], "dtype": "bfloat16", "timed_steps": args.steps,
-               "warmup_steps": args.warmup, "token_budget": args.token_budget, **versions()}}
+               "warmup_steps": args.warmup, "token_budget": args.token_budget, **versions(),
+               "measured_peak_tflops": round(PEAK_MEASURED / 1e12, 1) if PEAK_MEASURED else None}}
         for setting in args.ours.split(","):
             row[f"ours_{setting}"] = run_ours(args, case, setting)
         row["ours"] = max((v for k, v in row.items() if k.startswith("ours_")), key=lambda r: r["tokens_per_s"])
@@ -291,7 +323,8 @@ def main() -> int:
         results.append(row)
     print()
     print(f"{'case':<11} {'ours tok/s':>11} {'TRL tok/s':>10} {'ratio':>6} {'MFU ours':>9} {'MFU TRL':>8} "
-          f"{'mem ours':>9} {'mem TRL':>8}   (MFU vs measured 800 TF / datasheet 989 TF)")
+          f"{'mem ours':>9} {'mem TRL':>8}   (MFU vs measured "
+          f"{PEAK_MEASURED / 1e12 if PEAK_MEASURED else float('nan'):.0f} TF on this card / datasheet 989 TF)")
     for r in results:
         o, t = r["ours"], r.get("trl", {})
         f = lambda v, spec="{:.0f}": "-" if v is None else spec.format(v)  # noqa: E731

@@ -8,9 +8,9 @@ MFU counts the FLOPs the step needs, not the FLOPs a particular implementation s
 - the policy runs forward and backward (3x forward), the reference forward only (1x);
 - recomputation by gradient checkpointing is not counted (it is overhead, not work).
 
-Peak: `RLKUBE_PEAK_TFLOPS` if set, else 989 TFLOP/s (datasheet bf16 dense) for H100/H200; the
-team's measured H200 matmul ceiling (~800 TFLOP/s, docs/benchmarks.md) is `MEASURED_H200_PEAK` and
-benchmarks report against both. On CPU there is no peak and MFU is None.
+Peak: `RLKUBE_PEAK_TFLOPS` if set, else 989 TFLOP/s (datasheet bf16 dense) for H100/H200. The
+benchmarks also measure the card's bf16 matmul ceiling in the run (~800 TFLOP/s on an H200,
+tests/gpu/bench_dpo.py) and report against both. On CPU there is no peak and MFU is None.
 
 GPU busy time (gpu_busy.py) is exported on rank 0's /metrics as
 `rlkube_gpu_busy_ratio{role,rank,phase}`: the mean busy fraction of rank `rank`'s GPU over the
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 DATASHEET_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-MEASURED_H200_PEAK = 800e12
 
 
 @dataclass(frozen=True)

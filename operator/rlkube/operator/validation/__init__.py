@@ -16,7 +16,7 @@ sharing their message text.
 
 The rules the trainer applies to its own config too are written once, as `Rule`s, in the
 runtime's contract (the runtime never imports the operator; the operator may import the
-contract): a section's own rules (`contract.config`: one model source, gpus or colocateWith, the
+contract): a section's own rules (`contract.sections`: one model source, gpus or colocateWith, the
 micro-batch bounds, one eval source), the roles (`contract.role_rules`: the actor's GPUs,
 colocation chains, adapters and functions, the reward's source), what an algorithm takes and
 cannot honour (`contract.algorithm_settings`: roles per algorithm, KL, GRPO groups, sequence

@@ -3,7 +3,7 @@ and the model types rlkube trains.
 
 The rules of the sections the trainer reads too (a model's one source, a role's gpus or
 colocateWith, the micro-batch bounds, one eval source) are `Rule`s in the runtime's contract
-(`rlkube.runtime.contract.config`), Python and CEL together; the rest (`ElasticSpec`,
+(`rlkube.runtime.contract.sections`), Python and CEL together; the rest (`ElasticSpec`,
 `RunPolicySpec`, the integer fields) have their CEL here and their Python in `spec_types`. A model given by
 `config` names a `model_type` rlkube trains (`SUPPORTED_MODEL_TYPES`): the CRD declares
 `model_type` with its enum inside the otherwise free-form config, and the contract's

@@ -38,15 +38,15 @@ from typing import Any, Literal, Protocol
 from pydantic.alias_generators import to_camel
 
 from rlkube.runtime.contract import role_rules
-from rlkube.runtime.contract.config import (
+from rlkube.runtime.contract.rollout import RolloutSpec
+from rlkube.runtime.contract.rule import Rule, problems, when
+from rlkube.runtime.contract.sections import (
     BatchingSpec,
     DataSpec,
     RolesSpec,
-    RolloutSpec,
     TrainingSpec,
     device_map,
 )
-from rlkube.runtime.contract.rule import Rule, problems, when
 from rlkube.runtime.contract.spec import ROLE_NAMES
 from rlkube.runtime.contract.spec_cel import (
     OFFLINE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkube.runtime.contract.config import BatchingSpec, TrainingSpec
+from rlkube.runtime.contract.sections import BatchingSpec, TrainingSpec
 
 ONLINE = "(self.algorithm == 'ppo' || self.algorithm == 'grpo')"
 OFFLINE = "(self.algorithm == 'dpo' || self.algorithm == 'kto')"

@@ -2,11 +2,13 @@
 # The open GPU goals' measurements (docs/benchmarks.md), in groups that each fit one device call
 # of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
 #
-#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl profile profile-rl dpo-trl nvml
+#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
-# grpo-trl  one GRPO step against TRL's GRPOTrainer, equal lengths (EOS median 48), auto vs off (~6 min)
+# grpo-trl  one GRPO step against TRL's GRPOTrainer, EOS on (median 48), auto vs off (~6 min)
+# grpo-trl-llama  one GRPO step against TRL on the Llama-3.2-1B shape, equal lengths (its RL forwards lost
+#           a host wait each in the fourteenth session: transformers' packed-sequence check) (~6 min)
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
 # profile-rl  profile_step.py for GRPO and PPO only (~4 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
@@ -50,6 +52,9 @@ for group in "$@"; do
     grpo-trl)
         run grpo-trl 560 python3 tests/gpu/bench_grpo.py --shape qwen1.5b --eos-median 48 --warmup 2 --steps 2 \
             --compile auto,off --out "$out/grpo-trl.json" ;;
+    grpo-trl-llama)
+        run grpo-trl-llama 560 python3 tests/gpu/bench_grpo.py --shape llama1b --warmup 2 --steps 2 \
+            --compile auto --out "$out/grpo-trl-llama.json" ;;
     profile)
         for case in dpo grpo ppo; do
             run "profile-$case" 190 python3 tests/gpu/profile_step.py --case "$case"
@@ -64,7 +69,7 @@ for group in "$@"; do
     nvml)
         run nvml 120 python3 tests/gpu/probe_nvml.py --json-out "$out/nvml.json" ;;
     *)
-        echo "unknown group $group (util-dpo util-rl grpo-trl profile profile-rl dpo-trl nvml)" >&2
+        echo "unknown group $group (util-dpo util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml)" >&2
         exit 2 ;;
     esac
 done

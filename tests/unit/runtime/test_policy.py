@@ -98,7 +98,7 @@ def test_flush_left_moves_each_row_past_its_left_padding():
             return (input_ids[..., None].float(),)
 
     # prompt block of 3 columns: response column t is predicted at column 2 + t of the padded row
-    hidden = response_hidden(Body(), ids, mask, 3, "eager")
+    hidden = response_hidden(Body(), ids, mask, 3)
     assert hidden[0, :, 0].tolist() == [5, 6, 7]  # columns 2, 3, 4 of row 0 -> 0, 1, 2 moved
     assert hidden[1, :, 0].tolist() == [3, 4, 0]
     assert hidden.shape == (3, 3, 1)  # the empty row reads column 0 instead of failing

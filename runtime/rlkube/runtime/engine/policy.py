@@ -23,11 +23,9 @@ first epoch's ratio would not be 1 and the KL would compare two different distri
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
-from rlkube.runtime.engine.attention import attention_mode, causal_attention
+from rlkube.runtime.engine.attention import causal_attention
 from rlkube.runtime.engine.fused_head import DEFAULT_CHUNK, head_logprobs
 from rlkube.runtime.engine.logprobs import body_and_head
 
@@ -57,23 +55,23 @@ def flush_left(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[t
     return input_ids.gather(1, source), shift
 
 
-def flush_left_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+def flush_left_hidden(body: torch.nn.Module, input_ids: torch.Tensor,
+                      attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`body`'s last hidden states [B, L, d] over padded rows moved flush left (`flush_left`), and
-    each row's shift: column c of row b is at c - shift[b] in the result. `mode` (attention_mode)
-    is the attention `body` runs; with sdpa it runs causal alone, no mask built (engine/attention.py)."""
+    each row's shift: column c of row b is at c - shift[b] in the result. With sdpa the body runs
+    causal attention alone, no mask built (engine/attention.py); eager builds its causal mask."""
     ids, shift = flush_left(input_ids, attention_mask)
-    with causal_attention(body, ids.shape[1]) if mode == "sdpa" else nullcontext():
+    with causal_attention(body, ids.shape[1]):
         out = body(input_ids=ids, use_cache=False, attention_mask=None)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden, shift
 
 
-def response_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
-                    mode: str) -> torch.Tensor:
+def response_hidden(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    prompt_len: int) -> torch.Tensor:
     """Hidden states [B, T, d] at the positions that predict response columns 0..T-1 (column
     prompt_len + t - 1 of each padded row)."""
-    hidden, shift = flush_left_hidden(body, input_ids, attention_mask, mode)
+    hidden, shift = flush_left_hidden(body, input_ids, attention_mask)
     response_len = input_ids.shape[1] - prompt_len
     columns = torch.arange(prompt_len - 1, prompt_len - 1 + response_len, device=hidden.device)
     # clamp: a row without real tokens (shift = L) reads column 0; its outputs are masked anyway
@@ -92,7 +90,6 @@ class PolicyModel(torch.nn.Module):
         self.lm = lm
         self.chunk = chunk
         self.fused = fused
-        self.mode = attention_mode(lm)
         self.temperature = temperature if temperature > 0 else 1.0
 
     def forward(
@@ -108,7 +105,7 @@ class PolicyModel(torch.nn.Module):
         shapes of the head's work; read from the host copy it costs no wait for the device (the
         trainer passes it: a boolean index on the device waits for the whole body's forward)."""
         body, head = body_and_head(self.lm)
-        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode)
+        hidden = response_hidden(body, input_ids, attention_mask, prompt_len)
         valid = response_mask if host_mask is None else host_mask[:, prompt_len:]
         where = valid.bool().flatten().nonzero().squeeze(1)
         where = host_to_device(where, hidden.device) if where.device != hidden.device else where

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from rlkube.runtime.engine.attention import attention_mode
 from rlkube.runtime.engine.logprobs import body_and_head
 from rlkube.runtime.engine.policy import response_hidden
 
@@ -32,9 +31,8 @@ class ValueModel(torch.nn.Module):
         self.value_head = torch.nn.Linear(hidden, 1, dtype=dtype, device=lm.get_input_embeddings().weight.device)
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
-        self.mode = attention_mode(lm)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
         body = self.lm.get_decoder() if hasattr(self.lm, "get_decoder") else self.lm.model
-        hidden = response_hidden(body, input_ids, attention_mask, prompt_len, self.mode)
+        hidden = response_hidden(body, input_ids, attention_mask, prompt_len)
         return self.value_head(hidden).squeeze(-1).float()

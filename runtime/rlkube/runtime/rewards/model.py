@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from rlkube.runtime.contract.config import ModelSpec
-from rlkube.runtime.engine.attention import attention_mode
 from rlkube.runtime.engine.models import pick_attention, resolve_dtype
 from rlkube.runtime.engine.policy import flush_left_hidden
 
@@ -19,11 +18,10 @@ class RewardModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.mode = attention_mode(model)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden, _ = flush_left_hidden(self.model.base_model, input_ids, attention_mask, self.mode)
+        hidden, _ = flush_left_hidden(self.model.base_model, input_ids, attention_mask)
         # flush left, a row's last real token is at its length - 1
         last = (attention_mask.sum(dim=1) - 1).clamp_min(0)
         picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]

@@ -83,7 +83,7 @@ def test_two_ranks_commit_once_and_the_checkpoint_reshards_into_one_process(tmp_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    mp.start_processes(worker, args=(port, str(tmp_path), results, staging), nprocs=2, join=True, start_method="fork")
+    mp.start_processes(worker, args=(port, str(tmp_path), results, staging), nprocs=2, join=True, start_method="spawn")
     assert [s for s, _ in committed(tmp_path)] == [1, 2]
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     # step 1's checkpoint holds step 1's weights although both ranks trained on while it was written

@@ -141,8 +141,9 @@ def two_rank_gradients(algorithm: str, cfg: dict) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    # fork: the workers reuse this process's imports instead of paying them again
-    mp.start_processes(worker, args=(algorithm, cfg, port, results), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: torch refuses a forked worker autograd once an earlier test's backward has
+    # started autograd's threads in this process (so a subset of the tests failed by their order)
+    mp.start_processes(worker, args=(algorithm, cfg, port, results), nprocs=2, join=True, start_method="spawn")
     return [results[0], results[1]]
 
 

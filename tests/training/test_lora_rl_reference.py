@@ -128,8 +128,9 @@ def test_sharded_lora_actor_serves_as_its_reference_on_two_ranks(tmp_path, monke
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    # fork: the workers reuse this process's imports instead of paying them again
-    mp.start_processes(worker, args=(port, str(tmp_path), results), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: torch refuses a forked worker autograd once an earlier test's backward has
+    # started autograd's threads in this process (so a subset of the tests failed by their order)
+    mp.start_processes(worker, args=(port, str(tmp_path), results), nprocs=2, join=True, start_method="spawn")
     for rank in (0, 1):
         (shared_kind, shared), (copy_kind, copied) = results[rank][False], results[rank][True]
         assert shared_kind == "ReferenceView" and copy_kind != "ReferenceView"

@@ -200,9 +200,10 @@ def test_two_rank_greedy_ppo_with_refill_trains_exactly_like_all_rows_at_once(tm
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     results = mp.Manager().dict()
-    # fork: the workers reuse this process's imports instead of paying them again
+    # spawn, not fork: torch refuses a forked worker autograd once an earlier test's backward has
+    # started autograd's threads in this process (so a subset of the tests failed by their order)
     mp.start_processes(two_rank_worker, args=(port, str(tmp_path), results), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method="spawn")
     runs = results[0]
     assert len(runs["all"]) == len(runs["refill"]) == 2
     assert all(0 < r["decodeRowOccupancy"] <= 1 for r in runs["refill"]), runs["refill"]

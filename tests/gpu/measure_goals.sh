@@ -2,10 +2,13 @@
 # The open GPU goals' measurements (docs/benchmarks.md), in groups that each fit one device call
 # of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
 #
-#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml
+#   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
-# util-rl   the same for GRPO and PPO with EOS on (median 48), RL training compiled under auto (~5 min)
+# dpo-pair  util-dpo, then bench_dpo.py on the same config (long-tailed, 32 pairs, 32k-token budget) in the
+#           same call: the 'CLI within 10% of bench_dpo' goal from one machine (~5 min)
+# util-rl   busy, tokens/s and start-up of GRPO and PPO with EOS on (median 48), RL training compiled under
+#           auto (~5 min)
 # grpo-trl  one GRPO step against TRL's GRPOTrainer, EOS on (median 48), auto vs off (~6 min)
 # grpo-trl-llama  one GRPO step against TRL on the Llama-3.2-1B shape, equal lengths (its RL forwards lost
 #           a host wait each in the fourteenth session: transformers' packed-sequence check) (~6 min)
@@ -46,6 +49,11 @@ for group in "$@"; do
     util-dpo)
         run util-dpo 280 python3 tests/gpu/bench_utilization.py --cases dpo --steps 45 --every 20 \
             --json-out "$out/util-dpo.json" ;;
+    dpo-pair)
+        run util-dpo 280 python3 tests/gpu/bench_utilization.py --cases dpo --steps 45 --every 20 \
+            --json-out "$out/util-dpo.json"
+        run bench-dpo-long 280 python3 tests/gpu/bench_dpo.py --shape qwen1.5b --cases longTailed --skip-trl \
+            --steps 5 --warmup 2 --json-out "$out/bench-dpo-long.json" ;;
     util-rl)
         run util-rl 560 python3 tests/gpu/bench_utilization.py --cases grpo,ppo --steps 40 --every 20 \
             --eos-median 48 --json-out "$out/util-rl.json" ;;
@@ -69,7 +77,7 @@ for group in "$@"; do
     nvml)
         run nvml 120 python3 tests/gpu/probe_nvml.py --json-out "$out/nvml.json" ;;
     *)
-        echo "unknown group $group (util-dpo util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml)" >&2
+        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml)" >&2
         exit 2 ;;
     esac
 done

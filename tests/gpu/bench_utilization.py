@@ -325,7 +325,9 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The bench's settings: its flags, and what they imply (shape, checkpoint cadence, steps per
+    case). profile_step.py builds its cases from the same settings."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="dpo,grpo,ppo")
     ap.add_argument("--steps", default=None, help="steps for every case (N) or per case (dpo=60,grpo=40)")
@@ -361,6 +363,11 @@ def main(argv=None) -> int:
             name, _, n = part.rpartition("=")
             for c in ([name] if name else list(args.steps_of)):
                 args.steps_of[c] = int(n)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     use_smi = not args.cpu and shutil.which("nvidia-smi") is not None
     results = []
     settings = [("" if not o else f"[{d}]", o) for d, o in rollout_settings(args.refill, args.decode_rows)]

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_utilization import BYTE_EOS, EOS_SITECUSTOMIZE, case_config, save_model  # noqa: E402
+from bench_utilization import BYTE_EOS, EOS_SITECUSTOMIZE, case_config, parse_args, save_model  # noqa: E402
 from model_shapes import SHAPES  # noqa: E402
 
 MIN_GAP_US = 200
@@ -109,8 +109,9 @@ def main() -> int:
         os.environ.update(BENCH_EOS_ID=str(BYTE_EOS), BENCH_EOS_VOCAB=str(SHAPES[shape]["vocab_size"]),
                           BENCH_EOS_MEDIAN=str(args.eos_median))
         exec(EOS_SITECUSTOMIZE, {})
-    bench_args = argparse.Namespace(steps_of={args.case: args.steps}, tiny=args.cpu, cpu=args.cpu, every=1000,
-                                    compile=args.compile, reward_ms=0.0)
+    # bench_utilization's own settings for this case (every field its case_config reads, its defaults)
+    bench_args = parse_args(["--cases", args.case, "--steps", str(args.steps), "--every", "1000",
+                             "--compile", args.compile, *(["--tiny", "--cpu"] if args.cpu else [])])
     config = RuntimeConfig.model_validate(case_config(args.case, bench_args, work / "model", work))
     activities = [torch.profiler.ProfilerActivity.CPU] + ([] if args.cpu else [torch.profiler.ProfilerActivity.CUDA])
     prof = torch.profiler.profile(activities=activities)

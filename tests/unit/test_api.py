@@ -76,9 +76,8 @@ def test_runtime_config_round_trips_through_camel_case_yaml():
          "group of one learns nothing (got 1)"),
         (spec("grpo", rollout={"temperature": 0.0}), "spec.rollout.temperature", "grpo needs > 0: greedy decoding makes every completion of a group the "
          "same, so every advantage is 0 (got 0)"),
-        (spec("ppo", batching={"maxTokensPerGpu": 4096}), "spec.batching.maxTokensPerGpu",
-         "accept only 16384 (leave it unset): PPO/GRPO micro-batches are batching.maxMicroBatch rows; the adaptive "
-         "batcher's token budget is DPO's (got 4096)"),
+        (spec("ppo", batching={"memoryFraction": 0.2}), "spec.batching.memoryFraction",
+         "must be >= 0.3, got 0.2"),
         (spec("grpo", data={"source": "s", "format": "synthetic", "prefetch": 4}), "spec.data.prefetch",
          "accept only 2 or 0"),
         (spec(roles=roles(actor={"gpus": 3}), placement={"gpusPerPod": 2}),
@@ -131,12 +130,12 @@ def test_every_cross_field_problem_is_reported_at_once():
 
 
 def test_every_algorithm_setting_problem_is_reported_at_once():
-    data = spec("grpo", training={"groupSize": 1}, rollout={"temperature": 0}, batching={"minMicroBatch": 2})
-    assert paths(data) == ["spec.training.groupSize", "spec.rollout.temperature", "spec.batching.minMicroBatch"]
+    data = spec("grpo", training={"groupSize": 1}, rollout={"temperature": 0}, data={"source": "synthetic", "format": "synthetic", "prefetch": 8})
+    assert paths(data) == ["spec.training.groupSize", "spec.rollout.temperature", "spec.data.prefetch"]
 
 
 def test_dpo_only_fields_are_free_for_dpo():
-    data = spec("dpo", batching={"mode": "fixed", "minMicroBatch": 2, "maxTokensPerGpu": 512, "targetUtilization": 0.5},
+    data = spec("dpo", batching={"mode": "fixed", "minMicroBatch": 2, "maxTokensPerGpu": 512, "memoryFraction": 0.5},
                 data={"source": "s", "format": "synthetic", "prefetch": 9, "lengthMix": "longTailed", "packing": False})
     assert paths(data) == []
 

@@ -77,7 +77,7 @@ def _spec(rng: random.Random) -> RuntimeConfig:
     data = {"source": "s", "format": "synthetic", "maxSeqLen": pick([8, 64, 128]), "prefetch": pick([0, 1, 2]),
             "lengthMix": pick(["fixed", "longTailed"])}
     batching = {"globalBatch": pick([1, 2, 3, 4, 6, 8, 12]), "minMicroBatch": pick([1, 1, 2]),
-                "maxTokensPerGpu": pick([16384, 16384, 8192]), "targetUtilization": pick([0.9, 0.9, 0.5])}
+                "maxTokensPerGpu": pick([16384, 16384, 8192]), "memoryFraction": pick([0.9, 0.9, 0.5])}
     return RuntimeConfig.model_construct(
         algorithm=pick(["dpo", "kto", "ppo", "grpo"]), model=ModelSpec(path="/models/actor"),
         roles=_valid_roles(rng), data=DataSpec.model_validate(data), batching=BatchingSpec.model_validate(batching),

@@ -52,13 +52,13 @@ SETTING_CASES = [
     ("grpo", {"rollout": {"temperature": 0.0}}, "spec.rollout.temperature"),
     ("grpo", {"rollout": {"temperature": 0.01}}, None),
     ("ppo", {"rollout": {"temperature": 0}}, None),  # greedy PPO rollouts are allowed
-    ("ppo", {"batching": {"minMicroBatch": 2}}, "spec.batching.minMicroBatch"),
+    ("ppo", {"batching": {"minMicroBatch": 2}}, None),
     ("grpo", {"batching": {"minMicroBatch": 1, "maxMicroBatch": 8}}, None),
-    ("grpo", {"batching": {"maxTokensPerGpu": 16385}}, "spec.batching.maxTokensPerGpu"),
-    ("ppo", {"batching": {"maxTokensPerGpu": 16384}}, None),
-    ("ppo", {"batching": {"targetUtilization": 0.85}}, "spec.batching.targetUtilization"),
-    ("grpo", {"batching": {"targetUtilization": 1}}, "spec.batching.targetUtilization"),
-    ("grpo", {"batching": {"targetUtilization": 0.9}}, None),
+    ("grpo", {"batching": {"maxTokensPerGpu": 16385}}, None),
+    ("ppo", {"batching": {"maxTokensPerGpu": 4096, "mode": "adaptive", "minMicroBatch": 2}}, None),
+    ("ppo", {"batching": {"memoryFraction": 0.85}}, None),
+    ("grpo", {"batching": {"memoryFraction": 1}}, "spec.batching.memoryFraction"),
+    ("grpo", {"batching": {"memoryFraction": 0.2}}, "spec.batching.memoryFraction"),
     ("ppo", {"batching": {"mode": "fixed"}}, None),  # what PPO/GRPO do anyway
     ("grpo", {"batching": {"mode": "adaptive"}}, None),  # the default; CEL cannot tell it from unset
     ("grpo", {"data": {**SYNTHETIC, "packing": False, "lengthBucketing": False}}, None),
@@ -66,7 +66,7 @@ SETTING_CASES = [
     ("grpo", {"data": {**SYNTHETIC, "prefetch": 0}}, None),
     ("ppo", {"data": {**SYNTHETIC, "lengthMix": "longTailed"}}, "spec.data.lengthMix"),
     ("dpo", {"data": {**SYNTHETIC, "lengthMix": "longTailed", "prefetch": 8},
-             "batching": {"minMicroBatch": 2, "maxTokensPerGpu": 4096, "targetUtilization": 0.5}}, None),
+             "batching": {"minMicroBatch": 2, "maxTokensPerGpu": 4096, "memoryFraction": 0.5}}, None),
 ]
 
 

@@ -108,7 +108,7 @@ def test_fixed_mode_uses_max_micro_batch_and_oom_halves_it():
 
 
 def test_grows_with_headroom_after_a_full_window():
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.9), packed=True)
     for _ in range(WINDOW - 1):
         assert b.observe(Measurement(0.3, 0.95)) is None
     msg = b.observe(Measurement(0.3, 0.95))
@@ -117,14 +117,14 @@ def test_grows_with_headroom_after_a_full_window():
 
 
 def test_grows_faster_when_gpu_is_underused():
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.9), packed=True)
     for _ in range(WINDOW):
         b.observe(Measurement(0.3, 0.5))
     assert b.budget == 2000
 
 
 def test_shrinks_when_peak_exceeds_target_and_caps_growth():
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.8), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.8), packed=True)
     for _ in range(WINDOW):
         b.observe(Measurement(0.95, 0.99))
     assert b.budget == int(1000 * 0.8 / 0.95 * 0.95)
@@ -161,7 +161,7 @@ def test_busy_of_a_window_is_the_step_time_weighted_mean():
 def test_one_short_idle_step_does_not_make_the_batcher_grow_fast():
     # the case: a read of 4% on one step while the window was busy; the min of per-step
     # values would double the budget, the time-weighted mean keeps the modest growth
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.9), packed=True)
     for _ in range(WINDOW - 1):
         assert b.observe(Measurement(0.3, 0.95, seconds=1.0)) is None
     msg = b.observe(Measurement(0.3, 0.04, seconds=0.1))
@@ -169,7 +169,7 @@ def test_one_short_idle_step_does_not_make_the_batcher_grow_fast():
 
 
 def test_a_long_underused_step_in_the_window_makes_it_grow_fast():
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.9), packed=True)
     b.observe(Measurement(0.3, 0.3, seconds=8.0))
     for _ in range(WINDOW - 1):
         b.observe(Measurement(0.3, 0.95, seconds=1.0))
@@ -177,14 +177,14 @@ def test_a_long_underused_step_in_the_window_makes_it_grow_fast():
 
 
 def test_memory_over_target_shrinks_whatever_the_busy_fraction():
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.8), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.8), packed=True)
     for k in range(WINDOW):
         b.observe(Measurement(0.5 if k else 0.96, 0.1, seconds=1.0))
     assert b.budget == int(1000 * 0.8 / 0.96 * 0.95)
 
 
 def test_steps_without_busy_samples_still_adapt_on_memory():
-    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, targetUtilization=0.9), packed=True)
+    b = AdaptiveBatcher(spec(maxTokensPerGpu=1000, memoryFraction=0.9), packed=True)
     for _ in range(WINDOW):
         b.observe(Measurement(0.3, None, seconds=1.0))
     assert b.budget == 1250  # no busy fraction: the modest growth, never the fast one

@@ -55,8 +55,7 @@ data: {source: x, format: synthetic}
         ("training: {kl: 0.1}", "training.kl"),
         ("training: {groupSize: 1}", "training.groupSize"),
         ("rollout: {temperature: 0}", "rollout.temperature"),
-        ("batching: {targetUtilization: 0.5}", "batching.targetUtilization"),
-        ("batching: {maxTokensPerGpu: 999}", "batching.maxTokensPerGpu"),
+        ("batching: {memoryFraction: 0.999}", "batching.memoryFraction"),
     ],
 )
 def test_settings_grpo_cannot_honour_are_refused_at_start(tmp_path, extra, path):
@@ -64,6 +63,12 @@ def test_settings_grpo_cannot_honour_are_refused_at_start(tmp_path, extra, path)
     assert load_config(write(tmp_path, GRPO)).algorithm == "grpo"
     with pytest.raises(ConfigError, match=f"{path}: "):
         load_config(write(tmp_path, GRPO + extra + "\n"))
+
+
+def test_every_batching_field_applies_to_grpo(tmp_path):
+    extra = "batching: {mode: adaptive, minMicroBatch: 2, maxTokensPerGpu: 999, memoryFraction: 0.8}\n"
+    batching = load_config(write(tmp_path, GRPO + extra)).batching
+    assert (batching.min_micro_batch, batching.max_tokens_per_gpu, batching.memory_fraction) == (2, 999, 0.8)
 
 
 def test_a_reward_role_without_function_or_model_is_refused_at_start(tmp_path):

@@ -17,10 +17,11 @@ import transformers
 
 from rlkube.runtime.algorithms.aggregation import TOKEN_MEAN
 from rlkube.runtime.algorithms.registry import get_policy_loss
-from rlkube.runtime.contract.config import TrainingSpec
+from rlkube.runtime.contract.config import BatchingSpec, TrainingSpec
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.engine.value_model import ValueModel
 from rlkube.runtime.trainers.rl.actor import ActorWorker
+from rlkube.runtime.trainers.rl.budgets import RLBudgets
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout
@@ -55,10 +56,11 @@ def rollout(prompts: str = "left-padded") -> Rollout:
 def worker(cls: type[RoleWorker], model: torch.nn.Module, device: str) -> RoleWorker:
     """The real worker's micro_loss and pass, around `model` (its constructor builds from a config)."""
     config = SimpleNamespace(training=TrainingSpec(kl=0.1, entropy_coef=0.01, value_clip=0.2),
-                             batching=SimpleNamespace(max_micro_batch=2))
+                             batching=BatchingSpec(maxMicroBatch=2))
     ctx = SimpleNamespace(initialized=False, device=torch.device(device), rank=0)
     w = cls.__new__(cls)
-    RoleWorker.__init__(w, config, RoleGroups(ctx, {cls.role: [0]}), model, None)
+    RoleWorker.__init__(w, config, RoleGroups(ctx, {cls.role: [0]}), model, None,
+                        RLBudgets(config.batching, None, None))
     w.policy_loss, w.kl_as_loss, w.aggregation = get_policy_loss("grpo"), True, TOKEN_MEAN
     return w
 

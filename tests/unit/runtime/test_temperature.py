@@ -55,10 +55,11 @@ def test_trainer_logprobs_equal_the_samplers_and_the_first_ratio_is_one(monkeypa
     policy = PolicyModel(lm, temperature=T)
     resp = rollout.response_mask
     # Old log-probs the way scoring.py takes them (no grad, micro-batches of 2 rows) ...
-    old = response_logprobs(policy, rollout, slice(0, rollout.rows), 2, torch.device("cpu"))
+    pairs = list(torch.arange(rollout.rows).split(2))
+    old = response_logprobs(policy, rollout, pairs, 0, torch.device("cpu"))
     assert torch.allclose(old * resp, sampler, atol=2e-5), (old * resp - sampler).abs().max()
     # ... and the untempered log-probs are not (the test is not vacuous).
-    plain = response_logprobs(PolicyModel(lm), rollout, slice(0, rollout.rows), 2, torch.device("cpu"))
+    plain = response_logprobs(PolicyModel(lm), rollout, pairs, 0, torch.device("cpu"))
     assert (plain * resp - sampler).abs().max() > 1e-2
     # New log-probs the way actor.py takes them (with grad), on the same rows: ratio exactly 1.
     for rows in (slice(0, 2), slice(2, 3)):

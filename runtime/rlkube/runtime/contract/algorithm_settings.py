@@ -269,15 +269,10 @@ def _dpo_only(section: Literal["data", "batching"], name: str, why: str, *also: 
     return DpoOnlyField(section, name, (model.model_fields[name].default, *also), why)
 
 
-_ROWS = "PPO/GRPO micro-batches are batching.maxMicroBatch rows"
-
-# batching.mode, data.packing and data.lengthBucketing are not here: their defaults ('adaptive',
-# true, true) cannot be told from unset, and their other value ('fixed', false) is what PPO/GRPO
-# do anyway. Their descriptions say which algorithms read them.
+# data.packing and data.lengthBucketing are not here: their defaults (true, true) cannot be told
+# from unset, and their other value (false) is what PPO/GRPO do anyway. Every batching field
+# applies to every algorithm (the memory plan sizes RL micro-batches too).
 DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
-    _dpo_only("batching", "min_micro_batch", f"{_ROWS}; the adaptive batcher's smallest micro-batch is DPO's"),
-    _dpo_only("batching", "max_tokens_per_gpu", f"{_ROWS}; the adaptive batcher's token budget is DPO's"),
-    _dpo_only("batching", "target_utilization", f"{_ROWS}; the adaptive batcher's memory target is DPO's"),
     _dpo_only("data", "prefetch", "PPO/GRPO take their prompts inside the step; the prefetch thread is DPO's", 0),
     _dpo_only(
         "data", "length_mix", "PPO/GRPO's synthetic prompts have lengths of their own; lengthMix shapes DPO's pairs"

@@ -330,10 +330,10 @@ class DataSpec(Spec):
 class BatchingSpec(Spec):
     """How many samples make an optimizer step and how they are split into micro-batches.
 
-    globalBatch and maxMicroBatch apply to every algorithm. The rest drive DPO's adaptive
-    batcher: PPO and GRPO split a step into micro-batches of maxMicroBatch rows, as mode
-    'fixed' does, and refuse a value other than the default for minMicroBatch, maxTokensPerGpu
-    and targetUtilization."""
+    Every field applies to every algorithm. On a GPU the runtime plans its memory before the
+    first step (weights, gradients, optimizer state, KV cache, a reserve) and sizes training
+    micro-batches, forward-only passes and decode rows from what is left of memoryFraction of
+    the card; an out-of-memory error halves the budget and redoes the work."""
 
     global_batch: int = Field(
         default=32,
@@ -344,38 +344,40 @@ class BatchingSpec(Spec):
     )
     mode: Literal["fixed", "adaptive"] = Field(
         default="adaptive",
-        description="DPO only. 'fixed': micro-batches of maxMicroBatch samples. 'adaptive': "
-        "micro-batch and gradient accumulation chosen per step from a token budget, memory "
-        "headroom and GPU utilization. PPO/GRPO always use micro-batches of maxMicroBatch rows, "
-        "as 'fixed' does; 'adaptive' has no effect on them.",
+        description="'adaptive': micro-batches cut by a token budget (from the memory plan on a GPU, "
+        "maxTokensPerGpu on a CPU) that follows each step's measured peak memory. 'fixed': "
+        "micro-batches of maxMicroBatch samples (DPO) or rollout rows (PPO/GRPO), whatever they cost. "
+        "In both, an out-of-memory error shrinks the micro-batch and redoes the work.",
     )
     min_micro_batch: int = Field(
         default=1,
         ge=1,
         le=65536,
-        description="DPO only: smallest micro-batch (samples) the adaptive batcher plans. PPO/GRPO "
-        "accept only 1 (the default).",
+        description="Smallest micro-batch (samples for DPO, rollout rows for PPO/GRPO) the adaptive "
+        "batcher plans, whatever the token budget.",
     )
     max_micro_batch: int = Field(
         default=64,
         ge=1,
         le=65536,
-        description="All algorithms: largest micro-batch, in samples (DPO) or rollout rows "
-        "(PPO/GRPO: prompts x groupSize; their micro-batches are this size).",
+        description="Largest micro-batch, in samples (DPO) or rollout rows (PPO/GRPO: prompts x "
+        "groupSize), whatever the token budget.",
     )
-    max_tokens_per_gpu: int = Field(
-        default=16384,
+    max_tokens_per_gpu: int | None = Field(
+        default=None,
         ge=64,
         le=16_777_216,
-        description="DPO only: token budget of one micro-batch on one GPU (packed tokens, or "
-        "padded tokens when packing is off). PPO/GRPO accept only the default (16384).",
+        description="Token budget of one training micro-batch on one GPU (packed tokens, or rows x "
+        "longest row when padded; PPO/GRPO rows are padded). Unset: the memory plan's on a GPU, 16384 "
+        "on a CPU. Set: the plan's budget is capped at this value (DPO's adaptive batcher may grow "
+        "past it when measured memory allows, as before).",
     )
-    target_utilization: float = Field(
+    memory_fraction: float = Field(
         default=0.9,
-        gt=0.0,
-        le=1.0,
-        description="DPO only, adaptive mode: fraction of device memory the batcher may plan to "
-        "use. PPO/GRPO accept only the default (0.9).",
+        ge=0.3,
+        le=0.98,
+        description="Share of the GPU's memory the memory plan and the adaptive batcher may fill "
+        "(peak reserved memory, CUDA context included). The rest is headroom.",
     )
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ decisions are tested without a GPU.
    window is full: peak above the target -> shrink the budget in proportion; peak well below
    the target -> grow it in proportion to the headroom (faster when the window's busy fraction,
    weighted by step time, is low: the GPU is waiting on small kernels), up to `MAX_GROWTH` x
-   maxTokensPerGpu. Every change clears the window, so each decision is based on steps run at
+   the starting budget. Every change clears the window, so each decision is based on steps run at
    the current budget.
 4. `AdaptiveBatcher.on_oom`: halve what the failing micro-batch cost (not below one sample) and
    hold growth for `OOM_HOLD_STEPS`; the trainer re-plans and redoes the step, so no step is lost.
@@ -41,6 +41,7 @@ WINDOW = 8
 GROW_BELOW = 0.8  # grow when peak < 0.8 x target fraction
 MAX_GROWTH = 8
 OOM_HOLD_STEPS = 50
+CPU_TOKEN_BUDGET = 16384  # batching.maxTokensPerGpu's default where no memory plan is made
 
 
 @dataclass(frozen=True)
@@ -148,13 +149,17 @@ def equalise(plans: list[list[list[SampleCost]]]) -> list[list[list[SampleCost]]
 class AdaptiveBatcher:
     """Chooses micro-batches per step from a token budget that follows measured memory."""
 
-    def __init__(self, spec: BatchingSpec, packed: bool, min_budget: int = 1) -> None:
+    def __init__(self, spec: BatchingSpec, packed: bool, min_budget: int = 1, budget: int | None = None) -> None:
+        """`budget`: the memory plan's token budget (trainers/memory_plan.py); None where there is no
+        plan (a CPU): batching.maxTokensPerGpu, or CPU_TOKEN_BUDGET when unset."""
         self.spec = spec
         self.packed = packed
         self.adaptive = spec.mode == "adaptive"
-        self.budget = spec.max_tokens_per_gpu
+        if budget is None:
+            budget = spec.max_tokens_per_gpu or CPU_TOKEN_BUDGET
+        self.budget = budget
         self.min_budget = max(1, min_budget)  # one sample must always fit
-        self.max_budget = spec.max_tokens_per_gpu * MAX_GROWTH
+        self.max_budget = budget * MAX_GROWTH
         self.max_mb = spec.max_micro_batch  # halved by an OOM in fixed mode
         self.hold = 0  # steps left during which the budget may not grow (after an OOM)
         self.window: deque[Measurement] = deque(maxlen=WINDOW)
@@ -180,7 +185,7 @@ class AdaptiveBatcher:
         self.window.append(m)
         if len(self.window) < WINDOW:
             return None
-        target = self.spec.target_utilization
+        target = self.spec.memory_fraction
         peak = max(w.peak_memory_fraction for w in self.window)  # type: ignore[type-var]
         util = window_busy(self.window)
         old = self.budget

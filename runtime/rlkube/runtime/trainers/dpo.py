@@ -68,6 +68,7 @@ from rlkube.runtime.trainers.base import (
 )
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
 from rlkube.runtime.trainers.evaluation import preference_summary
+from rlkube.runtime.trainers.plan_request import plan_memory, preference_models
 
 
 def sample_costs(data: PreferenceData) -> list[SampleCost]:
@@ -118,6 +119,8 @@ class DPOTrainer(Trainer):
             self.sampler = StepSampler(len(self.data), config.batching.global_batch, config.data.seed, lengths)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        # Before any weight is loaded: DoesNotFit (exit 3) when policy and reference cannot fit at all.
+        self.plan = plan_memory(config, ctx, preference_models(config, ctx))
         lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed, packed=packing)
         # Packed rows need a kernel that keeps sequences apart: flash-attn's varlen (boundaries from
         # the position ids) or flex_attention (a sparse document mask). On CUDA, sdpa with an
@@ -134,7 +137,8 @@ class DPOTrainer(Trainer):
             )
         if (self.attention == "sdpa" and not packing) or self.rows_per_sequence:
             avoid_cudnn_sdpa(ctx.device)  # row shapes change every micro-batch
-        self.batcher = AdaptiveBatcher(config.batching, packed=packing and not self.rows_per_sequence, min_budget=1)
+        self.batcher = AdaptiveBatcher(config.batching, packed=packing and not self.rows_per_sequence, min_budget=1,
+                                       budget=self.plan.train_tokens if self.plan is not None else None)
         vocab = lm.get_input_embeddings().weight.shape[0]
         if vocab < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -311,7 +315,7 @@ class DPOTrainer(Trainer):
         return {"event": "start", "attention": self.attention, "worldSize": self.ctx.world_size,
                 "startStep": self.start_step, "totalSteps": self.config.training.steps, "pairs": len(self.data),
                 "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
-                "peakSource": self.peak_source}
+                "peakSource": self.peak_source, "memoryPlan": self.plan.describe() if self.plan is not None else None}
 
     def progress_fields(self, rec: dict) -> dict:
         return {"rewardMean": rec["rewardChosen"],

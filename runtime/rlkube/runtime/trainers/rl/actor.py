@@ -21,6 +21,7 @@ from rlkube.runtime.engine.models import build_causal_lm, compile_role, compile_
 from rlkube.runtime.engine.policy import PolicyModel
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.metrics import FlopModel
+from rlkube.runtime.trainers.rl.budgets import RLBudgets, role_micro_batches
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout
 from rlkube.runtime.trainers.rl.scoring import response_logprobs
@@ -31,7 +32,7 @@ class ActorWorker(RoleWorker):
     role = "actor"
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, algorithm: RLAlgorithm, vocab_size: int,
-                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
+                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer], budgets: RLBudgets) -> None:
         ctx = groups.ctx
         lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed)
         if lm.get_input_embeddings().weight.shape[0] < vocab_size:
@@ -44,9 +45,11 @@ class ActorWorker(RoleWorker):
         # Log-probs of the tempered distribution the rollout samples from (engine/policy.py).
         policy = PolicyModel(lm, temperature=config.rollout.temperature, fused=config.training.fused_logprobs)
         policy = shard(policy, ctx, "actor")
-        super().__init__(config, groups, policy, make_optimizer(policy))
-        rollout = config.rollout
-        self.engine = HybridEngine(self.model, self.optimizer, decode_rows=rollout.decode_rows, refill=rollout.refill,
+        super().__init__(config, groups, policy, make_optimizer(policy), budgets)
+        # With a memory plan the optimizer state stays on the GPU while generating (the plan counted
+        # it), so the decode caches and graphs are kept between rollouts instead of re-captured.
+        self.engine = HybridEngine(self.model, self.optimizer, decode_rows=budgets.decode_rows,
+                                   refill=config.rollout.refill, offload_optimizer=False if budgets.planned else None,
                                    compile_layers=compile_wanted(config.model.compile, ctx.device))
         self.policy_loss = get_policy_loss(algorithm.policy_loss)
         self.kl_as_loss = algorithm.kl_as_loss(config.training)
@@ -54,8 +57,9 @@ class ActorWorker(RoleWorker):
 
     def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """The policy's per-token log-probs of the responses of `rows` (old log-probs, at rollout time)."""
-        micro = self.config.batching.max_micro_batch
-        return response_logprobs(self.model, rollout, rows, micro, self.groups.ctx.device)
+        batches = role_micro_batches(self.budgets, self.groups, self.role, torch.arange(rollout.rows),
+                                     rollout.lengths, forward=True)
+        return response_logprobs(self.model, rollout, batches, rows.start or 0, self.groups.ctx.device)
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

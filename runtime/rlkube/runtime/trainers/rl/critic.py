@@ -11,8 +11,9 @@ from rlkube.runtime.algorithms.ppo import value_loss
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.models import build_causal_lm, compile_role, evaluating, shard
 from rlkube.runtime.engine.value_model import ValueModel
+from rlkube.runtime.trainers.rl.budgets import RLBudgets, in_row_order, role_micro_batches
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices, to_response_width
+from rlkube.runtime.trainers.rl.rollout import Rollout, to_response_width
 from rlkube.runtime.trainers.rl.update import RoleWorker
 
 
@@ -20,22 +21,24 @@ class CriticWorker(RoleWorker):
     role = "critic"
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups,
-                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]) -> None:
+                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer], budgets: RLBudgets) -> None:
         spec = config.roles.critic.model or config.model
         lm, _ = build_causal_lm(spec, groups.ctx.device, seed=config.training.seed)
         compile_role(lm, spec.compile, groups.ctx, "critic")
         critic = shard(ValueModel(lm), groups.ctx, "critic")
-        super().__init__(config, groups, critic, make_optimizer(critic))
+        super().__init__(config, groups, critic, make_optimizer(critic), budgets)
 
     @torch.no_grad()
     def values(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """Per-token values of the responses of `rows` (the old values, at rollout time)."""
+        batches = role_micro_batches(self.budgets, self.groups, self.role, torch.arange(rollout.rows),
+                                     rollout.lengths, forward=True)
         out = []
         with evaluating(self.model):
-            for batch in micro_slices(rows, self.config.batching.max_micro_batch):
+            for batch in batches:
                 seq, att, _ = rollout.on_device(batch, self.groups.ctx.device)
                 out.append(to_response_width(self.model(seq, att, rollout.prompt_len), rollout))
-        return torch.cat(out)  # on the device: the caller waits once (Scorer.score)
+        return in_row_order(out, batches, rows.start or 0)  # on the device: the caller waits once (Scorer.score)
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -18,7 +18,7 @@ from rlkube.runtime.data.prompts import PromptData
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import RolloutWorker
+from rlkube.runtime.trainers.rl.rollout import RolloutWorker, fixed_prompt_width
 from rlkube.runtime.trainers.rl.scoring import Scorer
 
 
@@ -30,7 +30,8 @@ class GreedyEvaluator:
                  sync: Callable[[], None]) -> None:
         greedy = SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_id=eos_id, pad_token_id=pad_id)
-        self.worker = RolloutWorker(config, groups, data, None, greedy, pad_id, 1, engine, sync)
+        self.worker = RolloutWorker(config, groups, data, None, greedy, pad_id, 1, engine, sync,
+                                    fixed_prompt_width(config, data, groups.ctx.device))
         self.data, self.scorer, self.block_rows = data, scorer, block_rows
 
     def __call__(self) -> dict:

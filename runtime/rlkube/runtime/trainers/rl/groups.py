@@ -37,6 +37,13 @@ class RoleGroups:
         """This rank's share of `rows` among the ranks of `role` (all of them when local)."""
         return share(rows, self.ranks[role], self.ctx.rank) if self.ctx.initialized else slice(0, rows)
 
+    def shares(self, rows: int, role: str) -> tuple[list[slice], int]:
+        """Every rank's share of `rows` among the ranks of `role`, and which one is this rank's."""
+        if not self.ctx.initialized:
+            return [slice(0, rows)], 0
+        ranks = self.ranks[role]
+        return [share(rows, ranks, r) for r in ranks], ranks.index(self.ctx.rank)
+
     def leader(self, role: str) -> int:
         return min(self.ranks[role])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -55,6 +56,12 @@ class Rollout:
     def rows(self) -> int:
         return self.sequences.shape[0]
 
+    @cached_property
+    def lengths(self) -> list[int]:
+        """Each row's padded length (last real column + 1): what a micro-batch holding it costs per row."""
+        cols = torch.arange(1, self.attention_mask.shape[1] + 1)
+        return (self.attention_mask.bool() * cols).amax(dim=1).clamp_min(1).tolist()
+
     def on_device(self, rows: slice | torch.Tensor,
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sequences and attention mask of `rows` (a slice or row indices) on `device`, and the same
@@ -74,10 +81,16 @@ def to_response_width(t: torch.Tensor, rollout: Rollout) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, rollout.response_mask.shape[1] - t.shape[1]))
 
 
-def micro_slices(rows: slice, size: int) -> list[slice]:
-    """`rows` cut into consecutive slices of at most `size` rows."""
-    start, stop = rows.start or 0, rows.stop
-    return [slice(s, min(s + size, stop)) for s in range(start, stop, size)]
+def fixed_prompt_width(config: RuntimeConfig, data: PromptData, device: torch.device) -> int | None:
+    """On CUDA, the one prompt-block width of every rollout: the longest prompt of the data,
+    rounded up to PROMPT_WIDTH_STEP (within data.maxSeqLen - rollout.maxNewTokens), so every
+    rollout has the decoder's shape and its captured graphs are replayed, never captured again
+    for a step whose prompts happen to be longer. None elsewhere (each block as wide as its longest)."""
+    if device.type != "cuda" or not data.ids:
+        return None
+    longest = max(len(ids) for ids in data.ids)
+    room = config.data.max_seq_len - config.rollout.max_new_tokens
+    return min(-(-longest // PROMPT_WIDTH_STEP) * PROMPT_WIDTH_STEP, max(room, longest))
 
 
 class RolloutWorker:
@@ -85,21 +98,18 @@ class RolloutWorker:
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, sampler: StepSampler | None,
                  sampling: SamplingParams, pad_id: int, group_size: int, engine: HybridEngine | None,
-                 sync: Callable[[], None]) -> None:
+                 sync: Callable[[], None], prompt_width: int | None = None) -> None:
         self.config, self.groups = config, groups
+        self.prompt_width = prompt_width  # fixed_prompt_width: None, each block as wide as its longest prompt
         self.data, self.sampler, self.sampling = data, sampler, sampling
         self.pad_id, self.group_size = pad_id, group_size
         self.engine = engine  # None on ranks without the actor
         self.sync = sync
 
     def _prompt_block(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, width = self.config, None
-        if self.groups.ctx.device.type == "cuda":
-            # Round the prompt block up so consecutive rollouts share a shape and the decoder's
-            # captured graph (keyed on batch and length) is replayed instead of re-captured.
-            longest = max(len(r) for r in rows)
-            room = cfg.data.max_seq_len - cfg.rollout.max_new_tokens
-            width = min(-(-longest // PROMPT_WIDTH_STEP) * PROMPT_WIDTH_STEP, max(room, longest))
+        width = self.prompt_width
+        if width is not None and max(len(r) for r in rows) > width:  # prompts of another data set (eval)
+            width = None
         return left_padded(rows, self.pad_id, width)
 
     def _generate_share(self, ids: torch.Tensor, mask: torch.Tensor, width: int, step: int, stats: dict):

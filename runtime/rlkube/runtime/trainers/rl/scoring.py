@@ -26,8 +26,9 @@ from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.rewards import load_reward_function, score_with_function
 from rlkube.runtime.rewards.model import build_reward_model
+from rlkube.runtime.trainers.rl.budgets import RLBudgets, in_row_order, role_micro_batches
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import Rollout, micro_slices, to_response_width
+from rlkube.runtime.trainers.rl.rollout import Rollout, to_response_width
 
 # (rollout, rows of it) -> a [rows, T] tensor on the CPU
 RowsFn = Callable[[Rollout, slice], torch.Tensor]
@@ -47,15 +48,18 @@ def build_reference(config: RuntimeConfig, ctx: DistContext) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def response_logprobs(model: torch.nn.Module, rollout: Rollout, rows: slice, micro: int, device) -> torch.Tensor:
-    """Per-token log-probs of the responses of `rows` under `model` (a PolicyModel), `micro` rows at a time."""
+def response_logprobs(model: torch.nn.Module, rollout: Rollout, batches: list[torch.Tensor], first_row: int,
+                      device) -> torch.Tensor:
+    """Per-token log-probs of the responses of the rows in `batches` (micro-batches of the
+    contiguous rows from `first_row`: budgets.role_micro_batches) under `model` (a PolicyModel),
+    in row order."""
     out = []
     with evaluating(model):
-        for batch in micro_slices(rows, micro):
+        for batch in batches:
             seq, att, host = rollout.on_device(batch, device)
             logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :], host_mask=host)
             out.append(to_response_width(logps, rollout))
-    return torch.cat(out)  # on the device: the caller waits once, for every role's result (Scorer.score)
+    return in_row_order(out, batches, first_row)  # on the device: the caller waits once (Scorer.score)
 
 
 class Scorer:
@@ -63,7 +67,7 @@ class Scorer:
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, tokenizer: Tokenizer, data: PromptData,
                  with_values: bool, with_old_logprobs: bool, values: RowsFn | None, old_logprobs: RowsFn | None,
-                 reference: torch.nn.Module | None = None) -> None:
+                 budgets: RLBudgets, reference: torch.nn.Module | None = None) -> None:
         """`values` (the critic's) and `old_logprobs` (the actor's) are called only on ranks holding
         that role; every rank takes part in the broadcast when `with_values` / `with_old_logprobs`.
         `reference`: the reference policy when the caller already holds it (a LoRA actor with its
@@ -71,6 +75,7 @@ class Scorer:
         self.config, self.groups, self.tokenizer, self.data = config, groups, tokenizer, data
         self.with_values, self.with_old_logprobs = with_values, with_old_logprobs
         self.values, self.old_logprobs = values, old_logprobs
+        self.budgets = budgets  # forward-only micro-batches (the reference's)
         self.use_reference = config.training.kl > 0
         ctx, reward, seed = groups.ctx, config.roles.reward, config.training.seed
         self.reference = self.reward_fn = self.reward_model = None
@@ -102,8 +107,9 @@ class Scorer:
         return self.reward_model(rollout.sequences[rows].to(device), rollout.attention_mask[rows].to(device))
 
     def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
-        micro = self.config.batching.max_micro_batch
-        return response_logprobs(self.reference, rollout, rows, micro, self.groups.ctx.device)
+        batches = role_micro_batches(self.budgets, self.groups, "reference", torch.arange(rollout.rows),
+                                     rollout.lengths, forward=True)
+        return response_logprobs(self.reference, rollout, batches, rows.start or 0, self.groups.ctx.device)
 
     def rewards(self, rollout: Rollout, data: PromptData) -> torch.Tensor:
         """The reward of each row of a rollout of `data`'s prompts (the eval set's), on every rank."""

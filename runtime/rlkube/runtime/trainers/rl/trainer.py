@@ -26,9 +26,13 @@ sampling generator and torch's RNG are reseeded from (seed, step, rank) at every
 and optimizer state of every role are in the checkpoint. A resumed run computes the same
 steps as an uninterrupted one.
 
-Left out, on purpose: adaptive micro-batching (RL micro-batches are fixed at maxMicroBatch
-rows; the DPO trainer owns the adaptive batcher), learning-rate decay, value-head
-pre-training, OOM recovery, and overlapping generation with scoring.
+Memory: before any weight is loaded, the memory plan (trainers/memory_plan.py) adds up what this
+GPU will hold and sizes the training micro-batches, the forward-only passes and the decode rows
+(budgets.py); a job that cannot fit fails here, before its first step, with the terms named. An
+out-of-memory error on one rank halves the budget of its phase and redoes that work.
+
+Left out, on purpose: learning-rate decay, value-head pre-training, and overlapping generation
+with scoring.
 """
 
 from __future__ import annotations
@@ -49,13 +53,16 @@ from rlkube.runtime.engine.lora import ReferenceView
 from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
-from rlkube.runtime.infra.log import warn_once
+from rlkube.runtime.infra.gpu_busy import JobBusy
+from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
+from rlkube.runtime.trainers.batching import Measurement
 from rlkube.runtime.trainers.rl.actor import ActorWorker
+from rlkube.runtime.trainers.rl.budgets import RLBudgets, plan_rl_memory, reference_shares_actor
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWorker
+from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWorker, fixed_prompt_width
 from rlkube.runtime.trainers.rl.scoring import Scorer
 from rlkube.runtime.trainers.rl.update import PassTotals
 
@@ -87,11 +94,15 @@ class RLTrainer(Trainer):
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.reuse_rollout = tcfg.ppo_epochs > 1 or tcfg.mini_batches > 1
+        prompt_width = fixed_prompt_width(cfg, self.data, self.ctx.device)
+        actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
+        self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows, prompt_width)
+        self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows)
         self._build_workers()
         sampling = SamplingParams.from_rollout(cfg.rollout, self.tokenizer.eos_id, self.tokenizer.pad_id)
         engine = self.actor.engine if self.actor else None
         self.rollout = RolloutWorker(cfg, self.groups, self.data, sampler, sampling, self.tokenizer.pad_id,
-                                     self.group_size, engine, self.sync)
+                                     self.group_size, engine, self.sync, prompt_width)
         self.estimate = get_adv_estimator(self.algorithm.advantage_estimator)
         self.evaluator = None if eval_data is None else GreedyEvaluator(
             cfg, self.groups, eval_data, self.scorer, engine, self.tokenizer.eos_id, self.tokenizer.pad_id,
@@ -105,19 +116,23 @@ class RLTrainer(Trainer):
         self.actor = self.critic = None
         self.attention = None
         if "actor" in here:
-            self.actor = ActorWorker(cfg, self.groups, self.algorithm, self.tokenizer.vocab_size, self.adamw)
+            self.actor = ActorWorker(cfg, self.groups, self.algorithm, self.tokenizer.vocab_size, self.adamw,
+                                     self.budgets)
             self.attention = self.actor.attention
             self.trainable["actor"] = self.actor.model
         if self.algorithm.critic and "critic" in here:
-            self.critic = CriticWorker(cfg, self.groups, self.adamw)
+            self.critic = CriticWorker(cfg, self.groups, self.adamw, self.budgets)
             self.trainable["critic"] = self.critic.model
         self.workers = [w for w in (self.actor, self.critic) if w is not None]
+        for worker in self.workers:
+            worker.before_micro_batch = self.hooks.before_micro_batch
         self.scorer = Scorer(
             cfg, self.groups, self.tokenizer, self.data,
             with_values=self.algorithm.critic,
             with_old_logprobs=self.reuse_rollout or self.algorithm.kl_in_reward(cfg.training),
             values=self.critic.values if self.critic else None,
             old_logprobs=self.actor.logprobs if self.actor else None,
+            budgets=self.budgets,
             reference=self._reference_in_actor(),
         )
 
@@ -130,7 +145,7 @@ class RLTrainer(Trainer):
         ref = cfg.roles.reference
         if self.actor is None or cfg.model.lora is None or ref is None or ref.model is not None:
             return None
-        if ranks.get("reference") != ranks.get("actor"):
+        if not reference_shares_actor(cfg, ranks):
             warn_once("lora-reference", (
                 "model.lora with roles.reference on GPUs of its own: the reference holds a second copy "
                 "of the base model; reference: {colocateWith: actor} would use the actor's base weights "
@@ -189,12 +204,12 @@ class RLTrainer(Trainer):
     def train_step(self, step: int, lr: float) -> dict:
         t_start = time.perf_counter()
         prompts = self.prompts(step)
+        self.budgets.oom_retries = 0
         with self.busy.phase("generate"):
-            rollout, gen_stats = self.rollout.generate(step, prompts)
-            self.sync()
+            rollout, gen_stats = self._generate(step, prompts)
         t_scored = time.perf_counter()
         with self.busy.phase("score"):
-            scored = self.scorer.score(rollout)
+            scored = self._score(rollout)
             adv = self.estimate(scored, rollout.response_mask.float(), self.config.training)
             self.sync()
         t_trained = time.perf_counter()
@@ -205,6 +220,47 @@ class RLTrainer(Trainer):
         rec = self._step_record(step, lr, rollout, gen_stats, scored["scores"], trained, times)
         rec.update(self._loss_terms(trained))
         return rec
+
+    def _generate(self, step: int, prompts: PromptBatch) -> tuple[Rollout, dict]:
+        """The rollout; after an out-of-memory error, redone with half the decode rows."""
+        while True:
+            try:
+                out = self.rollout.generate(step, prompts)
+                self.sync()
+                return out
+            except torch.OutOfMemoryError:
+                decoder = self.actor.engine.decoder if self.actor else None
+                rows = (decoder.batch_rows or self.rows) if decoder else 0
+                if decoder is None or not self.budgets.decode_oom(self.ctx.world_size, rows):
+                    raise
+                decoder.release()
+                decoder.batch_rows = self.budgets.decode_rows
+
+    def _score(self, rollout: Rollout) -> dict:
+        """The scorer's results; after an out-of-memory error, redone with half the forward budget."""
+        while True:
+            try:
+                return self.scorer.score(rollout)
+            except torch.OutOfMemoryError:
+                if not self.budgets.forward_oom(self.ctx.world_size, max(rollout.lengths)):
+                    raise
+
+    def observe(self, rec: dict, job: JobBusy) -> None:
+        """The training budget follows the step's peak memory (adaptive mode); the budgets the next
+        step plans with go into the record."""
+        decision = self.budgets.observe(Measurement(rec["peakMemoryFraction"], job.step_min, rec["seconds"]))
+        if decision is not None:
+            log.info("step %d: memory budget: %s", rec["step"], decision)
+        rec.update(self.budgets.record())
+
+    def trainer_state(self) -> dict:
+        return {"seed": self.config.training.seed, "budgets": self.budgets.state_dict()}
+
+    def load_trainer_state(self, state: dict) -> None:
+        if "budgets" in state:  # a checkpoint written before budgets were learned has none
+            self.budgets.load_state_dict(state["budgets"])
+            if self.actor is not None:
+                self.actor.engine.decoder.batch_rows = self.budgets.decode_rows
 
     def _step_record(self, step: int, lr: float, rollout: Rollout, gen_stats: dict, scores: torch.Tensor,
                      trained: dict[str, PassTotals], times: dict) -> dict:
@@ -285,7 +341,8 @@ class RLTrainer(Trainer):
                 "worldSize": self.ctx.world_size, "deviceMap": self.groups.ranks, "startStep": self.start_step,
                 "totalSteps": self.config.training.steps, "prompts": len(self.data), "rowsPerStep": self.rows,
                 "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
-                "peakSource": self.peak_source, "hybridEngineSharded": bool(engine and engine.sharded)}
+                "peakSource": self.peak_source, "hybridEngineSharded": bool(engine and engine.sharded),
+                "memoryPlan": self.plan.describe() if self.plan is not None else None}
 
     def export_source(self) -> tuple[torch.nn.Module, str] | None:
         return (self.actor.model, "actor.") if self.actor else None

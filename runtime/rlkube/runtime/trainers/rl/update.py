@@ -1,16 +1,20 @@
 """Stage 4 of an RL step: one pass of a trained role (actor or critic) over the rollout.
 
 `training.ppoEpochs` passes, each split into `training.miniBatches` optimizer steps. Inside a
-mini-batch each rank of the role's group takes a contiguous share, in micro-batches of at most
-`batching.maxMicroBatch` rows; each micro-batch's loss is scaled by its weight in the worker's
-loss aggregation (its tokens for token-mean, its rows for the seq-mean modes, see
-algorithms/aggregation.py) over the mini-batch's, so that the update is the aggregate over the
-whole mini-batch of all ranks however it is split (FSDP averages gradients over the group).
-What differs between the actor and the critic is only the micro-batch loss (`micro_loss`).
+mini-batch each rank of the role's group takes a contiguous share, cut into micro-batches by the
+token budget of the memory plan (budgets.py: rows of similar length together, rows x longest
+row under the budget, at most `batching.maxMicroBatch` rows); each micro-batch's loss is scaled
+by its weight in the worker's loss aggregation (its tokens for token-mean, its rows for the
+seq-mean modes, see algorithms/aggregation.py) over the mini-batch's, so that the update is the
+aggregate over the whole mini-batch of all ranks however it is split (FSDP averages gradients
+over the group). An out-of-memory error in a micro-batch drops the mini-batch's gradients, halves
+the budget and redoes the mini-batch. What differs between the actor and the critic is only the
+micro-batch loss (`micro_loss`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +23,8 @@ from rlkube.runtime.algorithms.aggregation import TOKEN_MEAN, LossAggregation
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.gpu_busy import BusySampler
 from rlkube.runtime.trainers.base import apply_update, host_numbers
+from rlkube.runtime.trainers.batching import SampleCost
+from rlkube.runtime.trainers.rl.budgets import RLBudgets, role_micro_batches
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout
 
@@ -50,9 +56,14 @@ class RoleWorker:
     aggregation: LossAggregation = TOKEN_MEAN  # how micro_loss reduces its tokens (the weights here)
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer) -> None:
+                 optimizer: torch.optim.Optimizer, budgets: RLBudgets) -> None:
         self.config, self.groups = config, groups
         self.model, self.optimizer = model, optimizer
+        self.budgets = budgets
+        # Test seam (TrainerHooks.before_micro_batch): called before each training micro-batch, may raise
+        # OutOfMemoryError.
+        self.before_micro_batch: Callable[[list[SampleCost]], None] | None = None
+        self._running: list[SampleCost] | None = None  # the micro-batch in flight (what an OOM shrinks)
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -71,22 +82,37 @@ class RoleWorker:
         for m in range(cfg.mini_batches):
             mini = order[m * per_mini : (m + 1) * per_mini]
             with busy.phase("forward_backward"):
-                loss_mean = self._accumulate(rollout, scored, adv, mini, totals)
+                loss_mean, part = self._accumulate_or_redo(rollout, scored, adv, mini)
             with busy.phase("optimizer"):
                 apply_update(self.model, self.optimizer, loss_mean, cfg.max_grad_norm, step, f"{self.role} ")
+            totals.add(part, 1)
             totals.loss += loss_mean / cfg.mini_batches
         return totals
 
-    def _accumulate(self, rollout: Rollout, scored: dict, adv: dict, mini: torch.Tensor, totals: PassTotals) -> float:
-        """Gradients of this rank's share of the mini-batch `mini`; the mini-batch's mean loss.
-        One wait for the device, after the last micro-batch (see `backward_micro_batches`)."""
+    def _accumulate_or_redo(self, rollout: Rollout, scored: dict, adv: dict, mini: torch.Tensor
+                            ) -> tuple[float, PassTotals]:
+        """`_accumulate`, redone from scratch at a smaller budget after an out-of-memory error."""
+        while True:
+            try:
+                return self._accumulate(rollout, scored, adv, mini)
+            except torch.OutOfMemoryError:
+                failed, self._running = self._running, None
+                self.optimizer.zero_grad(set_to_none=True)
+                if failed is None or not self.budgets.training_oom(failed, self.groups.ctx.world_size):
+                    raise
+
+    def _accumulate(self, rollout: Rollout, scored: dict, adv: dict, mini: torch.Tensor) -> tuple[float, PassTotals]:
+        """Gradients of this rank's share of the mini-batch `mini`; the mini-batch's mean loss and
+        what this rank trained on. One wait for the device, after the last micro-batch (see
+        `backward_micro_batches`)."""
+        part = PassTotals()
         mini_weight = max(self.aggregation.weight(rollout.response_mask[mini]), 1.0)
-        sums = self.backward_micro_batches(rollout, scored, adv, mini, mini_weight, totals)
+        sums = self.backward_micro_batches(rollout, scored, adv, mini, mini_weight, part)
         values = host_numbers(sums)
         loss_sum = values.pop("")
         for key, value in values.items():
-            totals.metrics[key] = totals.metrics.get(key, 0.0) + value
-        return self.groups.sum_in([loss_sum], self.role)[0] / mini_weight
+            part.metrics[key] = part.metrics.get(key, 0.0) + value
+        return self.groups.sum_in([loss_sum], self.role)[0] / mini_weight, part
 
     def backward_micro_batches(self, rollout: Rollout, scored: dict, adv: dict, mini: torch.Tensor,
                                mini_weight: float, totals: PassTotals) -> dict[str, torch.Tensor]:
@@ -99,13 +125,14 @@ class RoleWorker:
         micro-batch waited for each forward and backward, and the GPU idled while the host then
         launched the next stage). tests/unit/runtime/test_host_syncs.py runs this on the meta
         device, where any such wait raises."""
-        size = self.config.batching.max_micro_batch
         ranks = self.groups.ranks[self.role]
-        mine = mini[self.groups.rows_of(len(mini), self.role)]
-        micro = [mine[s : s + size] for s in range(0, len(mine), size)]
+        micro = role_micro_batches(self.budgets, self.groups, self.role, mini, rollout.lengths)
         device = self.groups.ctx.device
         weighted: dict[str, list[torch.Tensor]] = {"": []}
         for k, idx in enumerate(micro):
+            self._running = [SampleCost(int(r), rollout.lengths[r], 1, rollout.lengths[r]) for r in idx.tolist()]
+            if self.before_micro_batch is not None:
+                self.before_micro_batch(self._running)
             sync = getattr(self.model, "set_requires_gradient_sync", None)
             if sync is not None:
                 sync(k == len(micro) - 1)  # reduce-scatter once, after the last micro-batch
@@ -121,5 +148,6 @@ class RoleWorker:
             totals.tokens += int(tokens)
             totals.seq_lens.extend(host.sum(dim=1).tolist())
             totals.scored += int(tokens)
+        self._running = None
         return {key: torch.stack(v).sum() if v else torch.zeros((), dtype=torch.float64, device=device)
                 for key, v in weighted.items()}

@@ -1,0 +1,179 @@
+"""The memory budgets of an RL step on this GPU, and what an out-of-memory error does to them.
+
+Three budgets, all from the memory plan (trainers/memory_plan.py) on a GPU:
+- training micro-batches (actor and critic), in padded tokens (rows x the longest row: RL rows
+  are not packed), held by the adaptive batcher (trainers/batching.py), which follows each step's
+  measured peak memory in 'adaptive' mode;
+- forward-only passes (old log-probs, reference, values): the same memory at a forward token's
+  cost, so `forward_ratio` times the training budget;
+- decode rows of the actor's rollout.
+
+A micro-batch is a set of rows of this rank's share, cut by `micro_batches`: the rows sorted by
+length, consecutive runs of similar lengths under the budget (batching.split_share). Every rank
+of a role computes every rank's cut from the broadcast rollout and all get the same number of
+micro-batches (FSDP runs collectives per micro-batch).
+
+An out-of-memory error halves the budget of the phase that raised it, frees the memory, and the
+work is redone: a training mini-batch from its first micro-batch (its gradients are dropped), the
+scoring forwards, or the rollout with half the decode rows. What is redone is what a run started
+at the smaller budget computes. With several ranks the error still ends the attempt (the other
+ranks are inside collectives), and the operator restarts the job from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from rlkube.runtime.contract.config import BatchingSpec, RuntimeConfig
+from rlkube.runtime.infra.distributed import DistContext
+from rlkube.runtime.infra.log import log
+from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, equalise, split_share
+from rlkube.runtime.trainers.memory_plan import MemoryPlan
+from rlkube.runtime.trainers.plan_request import held_model, plan_memory, shards_of
+from rlkube.runtime.trainers.rl.groups import RoleGroups
+
+
+def free_device_memory() -> None:
+    """Drop what the failed work left (its tensors are garbage once the exception is handled)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class RLBudgets:
+    """Training tokens, forward tokens and decode rows of this GPU; the learned values are in
+    the checkpoint (`state_dict`) so a restart begins from them."""
+
+    def __init__(self, spec: BatchingSpec, plan: MemoryPlan | None, decode_rows: int | None) -> None:
+        self.spec = spec
+        self.planned = plan is not None
+        self.batcher = AdaptiveBatcher(spec, packed=False, min_budget=1,
+                                       budget=plan.train_tokens if plan is not None and plan.train_tokens else None)
+        self.forward_ratio = plan.forward_ratio if plan is not None else 1.0
+        self.forward_scale = 1.0  # halved by each out-of-memory error in a forward-only pass
+        self.decode_rows = plan.decode_rows if plan is not None and plan.decode_rows else decode_rows
+        self.oom_retries = 0  # this step's redos, reported in the step record
+
+    @property
+    def train_tokens(self) -> int:
+        return self.batcher.budget
+
+    @property
+    def forward_tokens(self) -> int:
+        return max(1, int(self.batcher.budget * self.forward_ratio * self.forward_scale))
+
+    def micro_batches(self, lengths: list[int], shares: list[list[int]], mine: int, forward: bool = False
+                      ) -> list[list[int]]:
+        """Rank `mine`'s micro-batches (row indices) of the rows `shares[r]` of each rank of a role,
+        `lengths[row]` the padded length of each row; every rank gets as many micro-batches."""
+        adaptive = self.batcher.adaptive
+        budget = (self.forward_tokens if forward else self.batcher.budget) if adaptive else 1 << 62
+        max_mb = self.batcher.max_mb
+        min_mb = min(self.spec.min_micro_batch, max_mb)
+        plans = []
+        for share in shares:
+            costs = [SampleCost(row, lengths[row], 1, lengths[row]) for row in share]
+            plans.append(split_share(costs, budget, min_mb, max_mb, packed=False))
+        return [[c.index for c in mb] for mb in equalise(plans)[mine]]
+
+    # -- out of memory ------------------------------------------------------------------------
+    def _can_redo(self, world_size: int, what: str) -> bool:
+        if world_size > 1:
+            log.error("out of memory in %s with %d ranks: the attempt ends (the job restarts from its "
+                      "checkpoint)", what, world_size)
+            return False
+        return True
+
+    def training_oom(self, failed: list[SampleCost], world_size: int) -> bool:
+        """After micro-batch `failed` ran out of memory: shrink, free; False when it cannot be redone."""
+        if not self._can_redo(world_size, "training") or not self.batcher.on_oom(failed):
+            return False
+        self._redo(f"training micro-batch of {len(failed)} rows: {self.batcher.decisions[-1]}")
+        return True
+
+    def forward_oom(self, world_size: int, row_tokens: int) -> bool:
+        if not self._can_redo(world_size, "scoring") or self.forward_tokens <= row_tokens:
+            return False
+        self.forward_scale /= 2
+        self._redo(f"forward-only passes: token budget now {self.forward_tokens}")
+        return True
+
+    def decode_oom(self, world_size: int, rows: int) -> bool:
+        if not self._can_redo(world_size, "generation") or rows <= 1:
+            return False
+        self.decode_rows = rows // 2
+        self._redo(f"rollout: decode rows {rows} -> {self.decode_rows}")
+        return True
+
+    def _redo(self, what: str) -> None:
+        self.oom_retries += 1
+        free_device_memory()
+        log.warning("out of memory; redoing the work with a smaller budget (%s)", what)
+
+    # -- after a step -------------------------------------------------------------------------
+    def observe(self, measured: Measurement) -> str | None:
+        return self.batcher.observe(measured)
+
+    def record(self) -> dict:
+        """The budgets the next step plans with, for the step record."""
+        out = {"tokenBudget": self.train_tokens, "forwardTokenBudget": self.forward_tokens,
+               "oomRetries": self.oom_retries}
+        if self.decode_rows is not None:
+            out["decodeRows"] = self.decode_rows
+        return out
+
+    def state_dict(self) -> dict:
+        return {"batcher": self.batcher.state_dict(), "forwardScale": self.forward_scale,
+                "decodeRows": self.decode_rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batcher.load_state_dict(state["batcher"])
+        self.forward_scale = float(state.get("forwardScale", 1.0))
+        self.decode_rows = state.get("decodeRows", self.decode_rows)
+
+
+def role_micro_batches(budgets: RLBudgets, groups: RoleGroups, role: str, rows: torch.Tensor,
+                       lengths: list[int], forward: bool = False) -> list[torch.Tensor]:
+    """This rank's micro-batches (row index tensors) of its share of `rows` among `role`'s ranks."""
+    slices, mine = groups.shares(len(rows), role)
+    shares = [rows[s].tolist() for s in slices]
+    return [torch.tensor(mb, dtype=torch.long) for mb in budgets.micro_batches(lengths, shares, mine, forward)]
+
+
+def in_row_order(parts: list[torch.Tensor], batches: list[torch.Tensor], first_row: int) -> torch.Tensor:
+    """Per-micro-batch results (rows of `batches`, in that order) put back in row order, for the
+    contiguous rows starting at `first_row` that the batches cover. Stays on the device."""
+    stacked = torch.cat(parts)
+    where = (torch.cat(batches) - first_row).to(stacked.device)
+    return torch.empty_like(stacked).index_copy_(0, where, stacked)
+
+
+def reference_shares_actor(config: RuntimeConfig, ranks: dict[str, list[int]]) -> bool:
+    """A LoRA actor's reference is the actor with its adapters off: no second copy of the base,
+    where the reference runs on the actor's ranks and names no model of its own."""
+    ref = config.roles.reference
+    return (config.model.lora is not None and ref is not None and ref.model is None
+            and ranks.get("reference") == ranks.get("actor"))
+
+
+def plan_rl_memory(config: RuntimeConfig, ctx: DistContext, here: set[str], with_critic: bool, actor_rows: int,
+                   prompt_width: int | None) -> MemoryPlan | None:
+    """This GPU's memory plan for the RL roles it holds (None on a CPU); DoesNotFit (exit 3) when
+    they cannot fit, before any weight is loaded. `actor_rows`: the rows this GPU's actor
+    generates per step (0 without the actor)."""
+    roles, t = config.roles, config.training
+    held = []
+    if "actor" in here:
+        held.append(held_model("actor", config.model, shards_of(ctx, "actor"), True, t.trainable_modules))
+    if with_critic and "critic" in here:
+        held.append(held_model("critic", roles.critic.model or config.model, shards_of(ctx, "critic"), True))
+    if t.kl > 0 and "reference" in here and not reference_shares_actor(config, config.device_map or {}):
+        held.append(held_model("reference", roles.reference.model or config.model, shards_of(ctx, "reference"),
+                               False))
+    if roles.reward is not None and roles.reward.model is not None and "reward" in here:
+        held.append(held_model("reward", roles.reward.model, 1, False))
+    if not held:
+        return None
+    return plan_memory(config, ctx, held, actor_rows, prompt_width or 0)

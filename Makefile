@@ -40,8 +40,8 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Size limits of CONVENTIONS.md (file 600, function 80, class 300 lines) under operator/ and
-# runtime/; tests/lint/size_allowlist.txt excuses what is being split today.
+# Size limits under operator/ and runtime/: file 600, function 80, class 300 lines (docs/contributing.md);
+# tests/lint/size_allowlist.txt excuses what is being split today.
 lint: setup
 	$(PY) -m ruff check operator runtime tests
 	$(VENV)/bin/lint-imports

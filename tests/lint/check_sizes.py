@@ -1,4 +1,4 @@
-"""Size limits of CONVENTIONS.md ("Shape of the code"), checked by `make lint`.
+"""Size limits of the code (docs/contributing.md, "Size limits"), checked by `make lint`.
 
 A Python file under operator/ or runtime/ may have at most 600 lines, a function (or method)
 at most 80 and a class at most 300. Lengths come from the syntax tree: a function or class
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for o in failing:
         print(o)
     if failing:
-        print(f"check_sizes: {len(failing)} over the limits of CONVENTIONS.md "
+        print(f"check_sizes: {len(failing)} over the size limits "
               f"(file {MAX_FILE_LINES}, function {MAX_FUNCTION_LINES}, class {MAX_CLASS_LINES} lines); "
               "split along a real seam", file=sys.stderr)
         return 1

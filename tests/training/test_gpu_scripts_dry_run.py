@@ -23,6 +23,7 @@ DRY_RUNS = {
                    "--steps", "1", "--only", "ours", "--prompt-min-tokens", "32"],
     "bench_dpo": ["tests/gpu/bench_dpo.py", "--shape", "tiny", "--skip-trl", "--steps", "1", "--warmup", "1"],
     "probe_nvml": ["tests/gpu/probe_nvml.py", "--cpu", "--seconds", "0.2"],
+    "bench_memory_plan": ["tests/gpu/bench_memory_plan.py", "--cpu", "--tiny", "--cases", "grpo-llama1b,dpo-llama1b"],
 }
 
 

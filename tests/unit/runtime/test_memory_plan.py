@@ -72,10 +72,12 @@ def test_full_fine_tune_with_a_reference_by_hand():
     weights, grads, adamw = PARAMS * 2, PARAMS * 2, 2 * PARAMS * 2
     head = 4096 * 259 * 6
     reserve = max(MIN_RESERVE, int(0.03 * 4 * GIB))
+    snapshot = weights + adamw  # the trained actor's state, copied on the GPU at a save
     assert plan.terms == {"cudaContext": 300 << 20, "actorWeights": weights, "actorGradients": grads,
                           "actorAdamW": adamw, "headChunk": head, "referenceWeights": weights,
-                          "reserve": reserve, "decodeCache": plan.terms["decodeCache"]}
-    room = int(0.9 * 4 * GIB) - (300 << 20) - 2 * weights - grads - adamw - head - reserve
+                          "reserve": reserve, "checkpointSnapshot": snapshot, "decodeCache": plan.terms["decodeCache"]}
+    assert plan.snapshot_on_device and plan.resident == 2 * weights + grads + adamw
+    room = int(0.9 * 4 * GIB) - (300 << 20) - 2 * weights - grads - adamw - head - reserve - snapshot
     # one decode row: 2 copies x (64 + 128 + 72 slots) x 256 B, its prefill 64 x 2,048 B, 2 x 2 x 259 fp32 logits
     per_row = 2 * 264 * 256 + 64 * 2_048 + 2 * 2 * 259 * 4
     assert plan.decode_rows == 64 and plan.terms["decodeCache"] == 64 * per_row
@@ -94,6 +96,7 @@ def test_lora_plan_holds_no_gradients_for_the_base_and_no_second_copy():
     assert plan.terms["actorGradients"] == LORA_PARAMS * 2
     assert plan.terms["actorAdamW"] == 2 * LORA_PARAMS * 2
     assert "referenceWeights" not in plan.terms and "decodeCache" not in plan.terms
+    assert plan.terms["checkpointSnapshot"] == (PARAMS + LORA_PARAMS) * 2 + 2 * LORA_PARAMS * 2
     assert plan.train_tokens == 2048  # capped by batching.maxTokensPerGpu
     assert plan.train_bytes_per_token == 2 * 128 + 2 * 3_264 + 14 * 64
 
@@ -105,6 +108,15 @@ def test_decode_rows_shrink_to_their_share_of_the_room():
                              row_tokens=4352))
     assert 1 <= plan.decode_rows < 1024 and plan.notes
     assert plan.terms["decodeCache"] <= 0.5 * (plan.left + plan.terms["decodeCache"])
+
+
+def test_a_snapshot_that_would_take_half_the_room_stages_on_the_host():
+    big = ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128, vocab=151_936)
+    actor = HeldModel("actor", big, 1_540_000_000, 1_540_000_000, 2)
+    roomy = make_plan(request([actor], capacity=80 * GIB, row_tokens=1024))
+    tight = make_plan(request([actor], capacity=30 * GIB, row_tokens=1024))
+    assert roomy.snapshot_on_device and roomy.terms["checkpointSnapshot"] == 3 * 1_540_000_000 * 2
+    assert not tight.snapshot_on_device and "checkpointSnapshot" not in tight.terms and tight.notes
 
 
 def test_what_cannot_fit_names_the_terms_and_what_would():

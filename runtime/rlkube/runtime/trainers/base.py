@@ -147,11 +147,13 @@ class Trainer:
         self.job_busy = JobBusy([])  # the last step's busy window, every rank's row
         self.trainable: torch.nn.Module = torch.nn.Module()  # what this rank checkpoints
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.checkpoint_staging = "auto"  # build() may decide from its memory plan (plan_request.staging_of)
         torch.manual_seed(config.training.seed)
         self.build()
         # Background writes always: the host copy costs the model and optimizer state once more in
         # host memory, which every GPU node this runs on has; the GPU never waits for the disk.
-        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx, background=True)
+        self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx, background=True,
+                                         staging=self.checkpoint_staging)
         self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
         self.monitor = GpuMonitor(ctx.device)
         self.peak, self.peak_source = peak_flops(ctx.device)

@@ -68,7 +68,7 @@ from rlkube.runtime.trainers.base import (
 )
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
 from rlkube.runtime.trainers.evaluation import preference_summary
-from rlkube.runtime.trainers.plan_request import plan_memory, preference_models
+from rlkube.runtime.trainers.plan_request import plan_memory, preference_models, staging_of
 
 
 def sample_costs(data: PreferenceData) -> list[SampleCost]:
@@ -121,6 +121,7 @@ class DPOTrainer(Trainer):
             raise ConfigError(str(e)) from None
         # Before any weight is loaded: DoesNotFit (exit 3) when policy and reference cannot fit at all.
         self.plan = plan_memory(config, ctx, preference_models(config, ctx))
+        self.checkpoint_staging = staging_of(self.plan)
         lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed, packed=packing)
         # Packed rows need a kernel that keeps sequences apart: flash-attn's varlen (boundaries from
         # the position ids) or flex_attention (a sparse document mask). On CUDA, sdpa with an

@@ -12,7 +12,10 @@ rest of it is divided among the phases of a step, which run one after the other:
   The cache stays resident between steps, so the decode graphs are captured once;
 - training micro-batches: the room left, divided by the activation bytes of one token;
 - forward-only passes (old log-probs, reference, values, reward model): the same room divided by
-  what a token costs without autograd (one layer's transients), so their budget is larger.
+  what a token costs without autograd (one layer's transients), so their budget is larger;
+- the checkpoint's device snapshot (the trained roles' weights and AdamW state, copied on the GPU
+  at a save and moved to the host while the next steps run): counted when it leaves at least
+  half of the room to batches, else checkpoints stage in host memory (`snapshot_on_device`).
 
 The activation bytes are a model of a decoder layer (norms upcast to fp32, the projections'
 inputs and outputs, the MLP's gate/up/product) on the conservative side: compiled layers save
@@ -154,7 +157,14 @@ class MemoryPlan:
     left: int  # bytes left for batches after every fixed term
     train_bytes_per_token: int
     forward_bytes_per_token: int
+    snapshot_on_device: bool = False  # the checkpoint snapshot is counted (infra/checkpoint.py staging "device")
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def resident(self) -> int:
+        """Bytes the caching allocator surely holds during a step besides its batches: weights,
+        gradients and AdamW state (what a measured peak is compared with)."""
+        return sum(v for k, v in self.terms.items() if k.endswith(("Weights", "Gradients", "AdamW")))
 
     @property
     def forward_ratio(self) -> float:
@@ -169,7 +179,8 @@ class MemoryPlan:
                 "trainBytesPerToken": self.train_bytes_per_token,
                 "forwardBytesPerToken": self.forward_bytes_per_token,
                 "trainTokens": self.train_tokens, "forwardTokens": self.forward_tokens,
-                "decodeRows": self.decode_rows, "notes": list(self.notes)}
+                "decodeRows": self.decode_rows, "checkpointSnapshotOnDevice": self.snapshot_on_device,
+                "notes": list(self.notes)}
 
 
 class DoesNotFit(ConfigError):
@@ -239,6 +250,13 @@ def make_plan(req: PlanRequest) -> MemoryPlan:
     if room < need_row:
         raise _does_not_fit(req, terms, need_row, usable)
     notes: list[str] = []
+    snapshot = sum(m.weights + m.optimizer for m in trained)
+    snapshot_on_device = bool(trained) and room - snapshot >= max(need_row, room // 2)
+    if snapshot_on_device:
+        terms["checkpointSnapshot"] = snapshot
+        room -= snapshot
+    elif trained:
+        notes.append("checkpoints stage in host memory: a device snapshot would leave less than half the room")
     decode_rows = 0
     actor = _actor(req)
     if req.decode_rows and actor is not None:
@@ -259,4 +277,5 @@ def make_plan(req: PlanRequest) -> MemoryPlan:
     return MemoryPlan(capacity=req.capacity, usable=usable, terms=terms,
                       train_tokens=max(train_tokens, req.row_tokens) if train_tok else 0,
                       forward_tokens=max(forward_tokens, req.row_tokens), decode_rows=decode_rows, left=room,
-                      train_bytes_per_token=train_tok, forward_bytes_per_token=forward_tok, notes=notes)
+                      train_bytes_per_token=train_tok, forward_bytes_per_token=forward_tok,
+                      snapshot_on_device=snapshot_on_device, notes=notes)

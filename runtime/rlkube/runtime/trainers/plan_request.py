@@ -105,3 +105,12 @@ def preference_models(config: RuntimeConfig, ctx: DistContext) -> list[HeldModel
     if ref_spec is not None or config.model.lora is None:
         held.append(held_model("reference", ref_spec or config.model, shards_of(ctx, "actor"), False))
     return held
+
+
+def staging_of(plan: MemoryPlan | None) -> str:
+    """Where background checkpoints take their snapshot (infra/checkpoint.Checkpointer's staging):
+    on the GPU where the plan counted it, in host memory where it did not; without a plan, as the
+    checkpointer judges."""
+    if plan is None:
+        return "auto"
+    return "device" if plan.snapshot_on_device else "host"

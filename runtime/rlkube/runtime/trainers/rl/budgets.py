@@ -27,6 +27,7 @@ import gc
 import torch
 
 from rlkube.runtime.contract.config import BatchingSpec, RuntimeConfig
+from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.log import log
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, equalise, split_share
@@ -42,6 +43,27 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+MAX_CALIBRATION = 4  # the first step's measurement may raise the plan's budget this many times
+
+
+def balanced(bins: list[list[SampleCost]], budget: int) -> list[list[SampleCost]]:
+    """The same rows in as many micro-batches, of near-equal row counts where each still fits the
+    budget (cut greedily, 64 rows under a budget of 58 would be 58 + 6: two shapes, one of them
+    small). The rows keep split_share's order (longest first), so similar lengths stay together."""
+    if len(bins) < 2:
+        return bins
+    rows = [c for b in bins for c in b]
+    n = len(bins)
+    size, extra = divmod(len(rows), n)
+    out, at = [], 0
+    for k in range(n):
+        take = size + (1 if k < extra else 0)
+        out.append(rows[at : at + take])
+        at += take
+    fits = all(len(b) == 1 or len(b) * max(c.longest for c in b) <= budget for b in out)
+    return out if fits else bins
+
+
 class RLBudgets:
     """Training tokens, forward tokens and decode rows of this GPU; the learned values are in
     the checkpoint (`state_dict`) so a restart begins from them."""
@@ -55,6 +77,8 @@ class RLBudgets:
         self.forward_scale = 1.0  # halved by each out-of-memory error in a forward-only pass
         self.decode_rows = plan.decode_rows if plan is not None and plan.decode_rows else decode_rows
         self.oom_retries = 0  # this step's redos, reported in the step record
+        self.largest_tokens = 0  # the largest training micro-batch of the step (rows x longest row)
+        self.calibrated = plan is None
 
     @property
     def train_tokens(self) -> int:
@@ -75,8 +99,25 @@ class RLBudgets:
         plans = []
         for share in shares:
             costs = [SampleCost(row, lengths[row], 1, lengths[row]) for row in share]
-            plans.append(split_share(costs, budget, min_mb, max_mb, packed=False))
+            plans.append(balanced(split_share(costs, budget, min_mb, max_mb, packed=False), budget))
         return [[c.index for c in mb] for mb in equalise(plans)[mine]]
+
+    def calibrate(self, peak_reserved: int | None, plan: MemoryPlan | None) -> str | None:
+        """After the first step: the training budget from what a token measurably cost in it (the
+        step's peak beyond the weights, gradients and AdamW state, over its largest micro-batch),
+        where that allows more than the plan's model of a layer did (compiled layers keep less).
+        Grows only, at most MAX_CALIBRATION times; the adaptive batcher moves it from there."""
+        if self.calibrated or plan is None or peak_reserved is None or not self.largest_tokens:
+            return None
+        self.calibrated = True
+        per_token = max(peak_reserved - plan.resident, 1) / self.largest_tokens
+        fits = int(plan.left / per_token)
+        old = self.batcher.budget
+        if not self.batcher.adaptive or fits <= old:
+            return None
+        self.batcher.budget = min(fits, old * MAX_CALIBRATION, self.batcher.max_budget)
+        return (f"token budget {old} -> {self.batcher.budget} (measured {per_token / 2**20:.2f} MiB a token in "
+                f"the first step, the plan's model {plan.train_bytes_per_token / 2**20:.2f})")
 
     # -- out of memory ------------------------------------------------------------------------
     def _can_redo(self, world_size: int, what: str) -> bool:
@@ -144,9 +185,10 @@ def role_micro_batches(budgets: RLBudgets, groups: RoleGroups, role: str, rows: 
 
 def in_row_order(parts: list[torch.Tensor], batches: list[torch.Tensor], first_row: int) -> torch.Tensor:
     """Per-micro-batch results (rows of `batches`, in that order) put back in row order, for the
-    contiguous rows starting at `first_row` that the batches cover. Stays on the device."""
+    contiguous rows starting at `first_row` that the batches cover. Stays on the device, and the
+    host does not wait for it (a pageable copy would wait for the queued forwards)."""
     stacked = torch.cat(parts)
-    where = (torch.cat(batches) - first_row).to(stacked.device)
+    where = host_to_device(torch.cat(batches) - first_row, stacked.device)
     return torch.empty_like(stacked).index_copy_(0, where, stacked)
 
 

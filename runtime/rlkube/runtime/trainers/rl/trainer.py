@@ -57,6 +57,7 @@ from rlkube.runtime.infra.gpu_busy import JobBusy
 from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
 from rlkube.runtime.trainers.batching import Measurement
+from rlkube.runtime.trainers.plan_request import staging_of
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, plan_rl_memory, reference_shares_actor
 from rlkube.runtime.trainers.rl.critic import CriticWorker
@@ -98,6 +99,7 @@ class RLTrainer(Trainer):
         actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
         self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows, prompt_width)
         self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows)
+        self.checkpoint_staging = staging_of(self.plan)
         self._build_workers()
         sampling = SamplingParams.from_rollout(cfg.rollout, self.tokenizer.eos_id, self.tokenizer.pad_id)
         engine = self.actor.engine if self.actor else None
@@ -248,10 +250,13 @@ class RLTrainer(Trainer):
     def observe(self, rec: dict, job: JobBusy) -> None:
         """The training budget follows the step's peak memory (adaptive mode); the budgets the next
         step plans with go into the record."""
-        decision = self.budgets.observe(Measurement(rec["peakMemoryFraction"], job.step_min, rec["seconds"]))
+        peak = rec["peakMemoryFraction"]
+        decision = self.budgets.calibrate(int(peak * self.plan.capacity) if peak and self.plan else None, self.plan)
+        decision = decision or self.budgets.observe(Measurement(peak, job.step_min, rec["seconds"]))
         if decision is not None:
             log.info("step %d: memory budget: %s", rec["step"], decision)
         rec.update(self.budgets.record())
+        self.budgets.largest_tokens = 0
 
     def trainer_state(self) -> dict:
         return {"seed": self.config.training.seed, "budgets": self.budgets.state_dict()}

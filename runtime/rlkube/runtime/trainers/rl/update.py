@@ -131,6 +131,8 @@ class RoleWorker:
         weighted: dict[str, list[torch.Tensor]] = {"": []}
         for k, idx in enumerate(micro):
             self._running = [SampleCost(int(r), rollout.lengths[r], 1, rollout.lengths[r]) for r in idx.tolist()]
+            cost = len(self._running) * max(c.longest for c in self._running)
+            self.budgets.largest_tokens = max(self.budgets.largest_tokens, cost)
             if self.before_micro_batch is not None:
                 self.before_micro_batch(self._running)
             sync = getattr(self.model, "set_requires_gradient_sync", None)

@@ -1,0 +1,58 @@
+"""RL budgets: balanced micro-batches under a token budget, and the first step's calibration."""
+
+from types import SimpleNamespace
+
+from rlkube.runtime.contract.config import BatchingSpec
+from rlkube.runtime.trainers.batching import SampleCost
+from rlkube.runtime.trainers.rl.budgets import RLBudgets, balanced, split_share
+
+
+def rows(*lengths):
+    return [SampleCost(i, n, 1, n) for i, n in enumerate(lengths)]
+
+
+def test_equal_rows_are_cut_into_equal_micro_batches():
+    greedy = split_share(rows(*[100] * 64), 5800, 1, 64, packed=False)
+    assert [len(b) for b in greedy] == [58, 6]
+    assert [len(b) for b in balanced(greedy, 5800)] == [32, 32]
+
+
+def test_balancing_never_breaks_the_budget():
+    # long rows first: an equal split would put 3 rows of 100 in the first micro-batch (300 > 250)
+    greedy = split_share(rows(100, 100, 60, 60, 60, 60), 250, 1, 64, packed=False)
+    for b in balanced(greedy, 250):
+        assert len(b) * max(c.longest for c in b) <= 250
+
+
+def budgets(**kw):
+    return RLBudgets(BatchingSpec(**kw), None, None)
+
+
+def plan(left=40 << 30, resident=10 << 30, train_tokens=8000):
+    return SimpleNamespace(left=left, resident=resident, train_tokens=train_tokens, decode_rows=0,
+                           forward_ratio=10.0, train_bytes_per_token=4 << 20)
+
+
+def test_calibration_grows_the_budget_to_what_a_token_measurably_costs():
+    b = RLBudgets(BatchingSpec(), plan(), None)
+    b.largest_tokens = 8000
+    # 8,000 tokens took 20 GiB beyond the resident 10: 2.56 MiB a token; 40 GiB left -> 16,000 tokens
+    said = b.calibrate(30 << 30, plan())
+    assert b.train_tokens == 16000 and "measured 2.56 MiB" in said
+    assert b.calibrate(30 << 30, plan()) is None  # once
+
+
+def test_calibration_never_shrinks_and_is_capped():
+    b = RLBudgets(BatchingSpec(), plan(), None)
+    b.largest_tokens = 8000
+    assert b.calibrate(70 << 30, plan()) is None and b.train_tokens == 8000
+    b = RLBudgets(BatchingSpec(), plan(), None)
+    b.largest_tokens = 8000
+    b.calibrate((10 << 30) + 8000 * 1024, plan())  # 1 KiB a token: 40 GiB would hold 40M tokens
+    assert b.train_tokens == 4 * 8000
+
+
+def test_fixed_mode_does_not_calibrate():
+    b = RLBudgets(BatchingSpec(mode="fixed"), plan(), None)
+    b.largest_tokens = 8000
+    assert b.calibrate(12 << 30, plan()) is None and b.train_tokens == 8000

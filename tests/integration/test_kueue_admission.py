@@ -15,8 +15,8 @@ import pytest
 
 from rlkube.operator import kueue_workload as kw
 from rlkube.operator.api import parse_spec
+from rlkube.operator.api.observed import JobRef
 from rlkube.operator.kubeapi import ApiError
-from rlkube.operator.observed import JobRef
 from tests.cluster import procs
 from tests.integration.operator_env import Env, tiny_spec, wait_until
 

@@ -33,7 +33,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlkube.operator.observed import JobRef, JobView
+from rlkube.operator.api.observed import JobRef, JobView
 from rlkube.operator.render import HOST_CHECKPOINT_ROOT, MANAGED_BY, checkpoint_host_path
 from rlkube.operator.status import STATUS_CHECKPOINT_NODES
 

@@ -36,12 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION, parse_spec
+from rlkube.operator.api.observed import GANG_GATE, gang_gated
 from rlkube.operator.cleanup import LABEL_CLEANUP
 from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_use, snapshot_from_objects
 from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle.catalog import NodeCatalog
 from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
-from rlkube.operator.observed import GANG_GATE, gang_gated
 from rlkube.operator.watch import Reflector
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 

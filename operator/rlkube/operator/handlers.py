@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable
 import kopf
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION
+from rlkube.operator.api.observed import LABEL_JOB
 from rlkube.operator.cleanup import LABEL_CLEANUP
 from rlkube.operator.cluster_state import JobStore, PodStore
 from rlkube.operator.kubeapi import ApiError, Conflict
 from rlkube.operator.metrics import Metrics
-from rlkube.operator.observed import LABEL_JOB
 from rlkube.operator.reconcile import Reconciler
 
 logger = logging.getLogger("rlkube.operator")

@@ -26,8 +26,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from rlkube.operator.observed import parse_time
-from rlkube.operator.status_types import PHASES
+from rlkube.operator.api.observed import parse_time
+from rlkube.operator.api.status_types import PHASES
 
 # Admission waits run from seconds (a free cluster) to hours (a full Kueue queue).
 ADMISSION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200)

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from rlkube.operator.api import RLTrainingJobSpec
-from rlkube.operator.observed import GANG_GATE, TRAINER_CONTAINER, JobRef
+from rlkube.operator.api.observed import GANG_GATE, TRAINER_CONTAINER, JobRef
 from rlkube.operator.placement import GPU_RESOURCE, Placement, PodPlan
 from rlkube.runtime.contract.config import ROLE_NAMES
 from rlkube.runtime.contract.pod import (

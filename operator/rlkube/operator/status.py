@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlkube.operator.observed import JobView, PodView, format_time
+from rlkube.operator.api.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
 from rlkube.runtime.contract.config import MAX_PATH_LEN
 from rlkube.runtime.contract.progress import (

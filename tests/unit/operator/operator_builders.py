@@ -9,7 +9,7 @@ import datetime as dt
 from typing import Any
 
 from rlkube.operator import lifecycle
-from rlkube.operator.observed import JobView, pod_views
+from rlkube.operator.api.observed import JobView, pod_views
 from rlkube.operator.reconcile import final_report
 from rlkube.operator.status import status_patch
 from tests.sections import with_sections

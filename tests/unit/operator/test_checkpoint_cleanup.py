@@ -6,7 +6,7 @@ from __future__ import annotations
 from operator_builders import UID, World, at, job, node
 
 from rlkube.operator import cleanup, lifecycle
-from rlkube.operator.observed import JobRef, format_time
+from rlkube.operator.api.observed import JobRef, format_time
 from rlkube.operator.render import checkpoint_host_path
 
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}

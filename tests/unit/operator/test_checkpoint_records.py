@@ -6,8 +6,8 @@ from __future__ import annotations
 from operator_builders import UID, job
 
 from rlkube.operator import cleanup
+from rlkube.operator.api.observed import JobRef, JobView
 from rlkube.operator.checkpoint_sweep import sweep
-from rlkube.operator.observed import JobRef, JobView
 from rlkube.operator.render import checkpoint_host_path
 
 STATUS = {"checkpointNodes": ["a"], "placement": {"pods": [{"index": 0, "node": "b"}]}}

@@ -13,11 +13,11 @@ from operator_builders import job, node
 
 from rlkube.operator import cluster_state, lifecycle, render
 from rlkube.operator.api import parse_spec
+from rlkube.operator.api.observed import GANG_GATE
 from rlkube.operator.cluster_state import ListedInventory, PodStore, WatchedInventory
 from rlkube.operator.gpu_use import pod_use
 from rlkube.operator.kubeapi import ApiError, KubeAPI
 from rlkube.operator.lifecycle.cluster import cluster_view_of
-from rlkube.operator.observed import GANG_GATE
 from rlkube.operator.reconcile import Reconciler
 from rlkube.operator.watch import Reflector
 

@@ -7,8 +7,8 @@ import pytest
 from operator_builders import at, job, node
 
 from rlkube.operator import lifecycle
+from rlkube.operator.api.observed import JobView
 from rlkube.operator.lifecycle.fifo import waiting_jobs
-from rlkube.operator.observed import JobView
 from rlkube.operator.status import condition
 
 FAST = lifecycle.Settings(unschedulable_retry_seconds=15)

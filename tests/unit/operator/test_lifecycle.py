@@ -9,7 +9,7 @@ import pytest
 from operator_builders import World, at, job, node, with_status
 
 from rlkube.operator import lifecycle
-from rlkube.operator.observed import JobView, pod_views
+from rlkube.operator.api.observed import JobView, pod_views
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
 

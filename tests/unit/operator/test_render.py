@@ -8,7 +8,7 @@ from operator_builders import spec
 
 from rlkube.operator import render
 from rlkube.operator.api import MAX_JOB_NAME_LEN, parse_spec
-from rlkube.operator.observed import JobRef
+from rlkube.operator.api.observed import JobRef
 from rlkube.operator.placement import Placement, PodPlan
 from rlkube.runtime.contract.config import RuntimeConfig
 

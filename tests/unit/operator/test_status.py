@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from operator_builders import World, at, job, node, with_status
 
-from rlkube.operator.observed import pod_views
+from rlkube.operator.api.observed import pod_views
 from rlkube.operator.placement import Placement, PodPlan
 from rlkube.operator.status import (
     placement_from_status,

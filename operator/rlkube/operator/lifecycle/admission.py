@@ -10,11 +10,11 @@ theirs: rlkube sets no gate and hands the pods over as they are.
 from __future__ import annotations
 
 from rlkube.operator import render
+from rlkube.operator.api.observed import format_time
 from rlkube.operator.lifecycle import fifo, nodes
 from rlkube.operator.lifecycle.cluster import largest_plan, plan_fits
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
-from rlkube.operator.observed import format_time
 from rlkube.operator.placement import Unplaceable
 from rlkube.operator.status import condition
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from rlkube.operator import kueue_workload as kw
 from rlkube.operator import render
+from rlkube.operator.api.observed import JobView, PodView, format_time
 from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
-from rlkube.operator.observed import JobView, PodView, format_time
 from rlkube.operator.placement import Placement, PodPlan
 from rlkube.operator.status import (
     STATUS_CHECKPOINT_NODES,

@@ -27,8 +27,8 @@ from typing import Any
 
 from rlkube.operator import render
 from rlkube.operator.api import parse_spec
+from rlkube.operator.api.observed import JobRef, JobView
 from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.observed import JobRef, JobView
 from rlkube.operator.placement import Placement, Unplaceable
 
 # The lifecycle's planner (cluster.largest_plan), passed in: cluster imports this module.

@@ -24,10 +24,10 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from rlkube.operator.api.observed import PodView, parse_time
 from rlkube.operator.lifecycle.cluster import Cluster, largest_plan
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision
-from rlkube.operator.observed import PodView, parse_time
 from rlkube.operator.placement import Unplaceable
 
 

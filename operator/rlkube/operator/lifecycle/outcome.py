@@ -13,10 +13,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from rlkube.operator.api.observed import format_time, parse_time
 from rlkube.operator.lifecycle.cluster import largest_plan
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision
-from rlkube.operator.observed import format_time, parse_time
 from rlkube.operator.placement import Unplaceable
 
 

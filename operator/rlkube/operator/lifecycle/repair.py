@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlkube.operator import render
+from rlkube.operator.api.observed import parse_time
 from rlkube.operator.lifecycle import nodes, outcome
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import Decision, Ungate
-from rlkube.operator.observed import parse_time
 
 
 def repair(d: Decider, gang: Gang) -> Decision | None:

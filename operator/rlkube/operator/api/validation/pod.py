@@ -13,8 +13,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from rlkube.operator.validation.cel import rule
-from rlkube.operator.validation.rule import Rule, when
+from rlkube.operator.api.validation.cel import rule
+from rlkube.operator.api.validation.rule import Rule, when
 
 # -- resources: a request above its limit ---------------------------------------------------------
 

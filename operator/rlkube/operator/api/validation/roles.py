@@ -4,12 +4,12 @@ The rules the trainer applies too (the actor's GPUs, colocation chains, which ro
 function or adapters, the reward role's source, which roles an algorithm takes, a colocated
 critic's mini-batch split) are written once in the runtime's contract
 (`rlkube.runtime.contract.role_rules`, `rlkube.runtime.contract.algorithm_settings`), Python and
-CEL together; `rlkube.operator.validation` puts their CEL into the CRD.
+CEL together; `rlkube.operator.api.validation` puts their CEL into the CRD.
 """
 
 from __future__ import annotations
 
-from rlkube.operator.validation.cel import gpus_per_pod, rule, total_gpus
+from rlkube.operator.api.validation.cel import gpus_per_pod, rule, total_gpus
 
 
 def spec_roles_cel() -> list[dict]:

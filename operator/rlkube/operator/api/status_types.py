@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from rlkube.operator.api_limits import (
+from rlkube.operator.api.limits import (
     DNS_LABEL_MAX,
     LABEL_KEY_MAX,
     LABEL_VALUE_MAX,

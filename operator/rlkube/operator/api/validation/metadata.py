@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from rlkube.operator.api_limits import LABEL_VALUE_MAX, LABEL_VALUE_PATTERN
-from rlkube.operator.validation.pod import label_key_problem
+from rlkube.operator.api.limits import LABEL_VALUE_MAX, LABEL_VALUE_PATTERN
+from rlkube.operator.api.validation.pod import label_key_problem
 
 
 def label_value_problem(value: str) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import lcm
 from typing import Any
 
-from rlkube.operator.validation.cel import gpus_per_pod, rule, total_gpus
+from rlkube.operator.api.validation.cel import gpus_per_pod, rule, total_gpus
 from rlkube.runtime.contract.algorithm_settings import step_rows
 from rlkube.runtime.contract.config import BatchingSpec, TrainingSpec
 from rlkube.runtime.contract.spec_cel import ONLINE, mini_batches, rows

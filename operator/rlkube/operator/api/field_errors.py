@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ValidationError
 
-from rlkube.operator.api_limits import (
+from rlkube.operator.api.limits import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     LABEL_KEY_PATTERN,

@@ -5,7 +5,7 @@ batching, training, rollout, checkpoint) unchanged, so every such field is descr
 validated in one place, and adds what only the operator needs: placement, elasticity, run policy
 and the pod template knobs (image, resources, node selection).
 
-These types are the single source of the CRD (`rlkube.operator.crd` generates
+These types are the single source of the CRD (`rlkube.operator.api.crd` generates
 `crds/rlkube.io_rltrainingjobs.yaml` from them) and of `rlkube validate`. Cross-field rules live
 in model validators (`spec_types`); the CRD carries the same rules as CEL so the API server
 enforces them at admission too.
@@ -13,10 +13,13 @@ enforces them at admission too.
 Parsing is strict (`parse_spec`, `parse_job`): a string where a number belongs is an error, as it
 is for the API server, and only the camelCase wire names are accepted.
 
-The types live in modules named after what they hold, and this module re-exports them so that
-`from rlkube.operator.api import ...` and `api.X` keep one address for the whole API:
-`api_limits` (group, version, kind, name and field limits), `spec_types` (the spec),
-`status_types` (the status) and `field_errors` (errors as a user reads them).
+The types live in this package's modules, named after what they hold, and this module
+re-exports them so that `from rlkube.operator.api import ...` and `api.X` keep one address for
+the whole API: `limits` (group, version, kind, name and field limits), `spec_types` (the spec),
+`status_types` (the status), `field_errors` (errors as a user reads them) and `validation` (every
+rule of the spec). Beside them: `observed` (read-only views of the API objects the operator
+reads) and `crd` (the CRD generated from these types). The API package is the operator's lowest
+layer: it imports nothing else of the operator.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rlkube.operator.api_limits import (
+from rlkube.operator.api.field_errors import FieldError, describe_error, field_errors
+from rlkube.operator.api.limits import (
     API_VERSION,
     DEFAULT_TOPOLOGY_KEYS,
     DNS_LABEL_MAX,
@@ -53,8 +57,7 @@ from rlkube.operator.api_limits import (
     VERSION,
     job_name_problem,
 )
-from rlkube.operator.field_errors import FieldError, describe_error, field_errors
-from rlkube.operator.spec_types import (
+from rlkube.operator.api.spec_types import (
     ElasticSpec,
     PlacementSpec,
     PodResources,
@@ -65,7 +68,7 @@ from rlkube.operator.spec_types import (
     Toleration,
     VolumeSpec,
 )
-from rlkube.operator.status_types import (
+from rlkube.operator.api.status_types import (
     PHASES,
     Condition,
     ModelOutputStatus,
@@ -78,7 +81,7 @@ from rlkube.operator.status_types import (
     RoleStatus,
     Status,
 )
-from rlkube.operator.validation.metadata import annotation_problems, label_problems
+from rlkube.operator.api.validation.metadata import annotation_problems, label_problems
 from rlkube.runtime.contract.config import ROLE_NAMES
 
 __all__ = [
@@ -128,7 +131,7 @@ class ObjectMeta(BaseModel):
     @field_validator("labels", "annotations")
     @classmethod
     def _keys_and_values(cls, entries: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        # The API server refuses these itself, before any schema (rlkube.operator.validation.metadata).
+        # The API server refuses these itself, before any schema (rlkube.operator.api.validation.metadata).
         problems = (label_problems if info.field_name == "labels" else annotation_problems)(entries)
         if problems:
             raise ValueError("\n".join(problems))

@@ -1,4 +1,4 @@
-"""CEL building blocks the rule modules of `rlkube.operator.validation` share.
+"""CEL building blocks the rule modules of `rlkube.operator.api.validation` share.
 
 The spec's facts that the trainer's rules read too (a section's field or its default, a role's
 GPUs, the rows of a PPO/GRPO step) are spelled in the runtime's contract

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlkube.operator.api_limits import (
+from rlkube.operator.api.limits import (
     DEFAULT_TOPOLOGY_KEYS,
     DNS_LABEL_MAX,
     DNS_LABEL_PATTERN,
@@ -28,12 +28,12 @@ from rlkube.operator.api_limits import (
     QUANTITY_MAX_LEN,
     QUANTITY_PATTERN,
 )
-from rlkube.operator.validation import spec_problems
-from rlkube.operator.validation.paths import VOLUME_SOURCE, volume_problems
-from rlkube.operator.validation.pod import RESOURCES, SECURITY, TOLERATION, label_key_problem
-from rlkube.operator.validation.rule import check
-from rlkube.operator.validation.rule import problems as rule_problems
-from rlkube.operator.validation.sections import ELASTIC
+from rlkube.operator.api.validation import spec_problems
+from rlkube.operator.api.validation.paths import VOLUME_SOURCE, volume_problems
+from rlkube.operator.api.validation.pod import RESOURCES, SECURITY, TOLERATION, label_key_problem
+from rlkube.operator.api.validation.rule import check
+from rlkube.operator.api.validation.rule import problems as rule_problems
+from rlkube.operator.api.validation.sections import ELASTIC
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,

@@ -13,8 +13,8 @@ naming the field).
 
 from __future__ import annotations
 
-from rlkube.operator.validation.cel import rule
-from rlkube.operator.validation.rule import Rule, when
+from rlkube.operator.api.validation.cel import rule
+from rlkube.operator.api.validation.rule import Rule, when
 from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES
 
 ELASTIC = (

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkube.operator.validation import elastic, paths, pod, roles, rule, sections
+from rlkube.operator.api.validation import elastic, paths, pod, roles, rule, sections
 from rlkube.runtime.contract import algorithm_settings, config, model_types, role_rules
 
 # CEL rules on the object of a pydantic model (they follow the model wherever the CRD generator

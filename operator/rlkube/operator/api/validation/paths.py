@@ -16,8 +16,8 @@ import posixpath
 import re
 from typing import Any
 
-from rlkube.operator.validation.cel import rule
-from rlkube.operator.validation.rule import Rule, when
+from rlkube.operator.api.validation.cel import rule
+from rlkube.operator.api.validation.rule import Rule, when
 from rlkube.runtime.contract.model_types import spec_models
 from rlkube.runtime.contract.pod import CONFIG_DIR
 

@@ -15,8 +15,8 @@ from rlkube.operator.api import crd
 from rlkube.operator.api.observed import JobRef
 from rlkube.operator.api.validation import elastic
 from rlkube.operator.api.validation.paths import RESERVED_VOLUME_NAMES, path_form_cel, path_form_problem
-from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.placement import plan_placement, request_from_spec
+from rlkube.operator.planning.inventory import NodeInventory
+from rlkube.operator.planning.placement import plan_placement, request_from_spec
 from rlkube.operator.render import render
 
 CRD = crd.crd_manifest()

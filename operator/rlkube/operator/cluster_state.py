@@ -1,11 +1,13 @@
-"""The GPU inventory plans are made on: kept by watches (`WatchedInventory`), or listed (`ListedInventory`).
+"""The GPU inventory plans are made on, fed from the API: kept by watches (`WatchedInventory`), or
+listed (`ListedInventory`). What it holds and how it is summed is `planning/inventory.py`'s public
+interface; this module only keeps it up to date.
 
 A plan needs every node, the GPUs every unfinished pod of the cluster holds or is planned to take,
 and the jobs waiting ahead of it. Listing all of that for each plan costs more with every pod the
 cluster holds (at 1,000 jobs x 8 pods, tens of MB decoded per plan: issue 20's profile), so the
 operator keeps it instead: one list and then a watch each of nodes, pods and
-RLTrainingJobs (watch.py), reduced as events arrive (pods to `gpu_use.PodUse`, jobs to
-`fifo.WaitingJob`, nodes to the fields placement reads) and summed per node (`gpu_use.GpuUse`).
+RLTrainingJobs (watch.py), reduced as events arrive (pods to `inventory.PodUse`, jobs to
+`inventory.WaitingJob`, nodes to `inventory.reduce_node`) and summed per node (`inventory.GpuUse`).
 A plan then costs one pass over the nodes, not a decode of the cluster.
 
 What a watch cannot know yet is the operator's own plans: the pods of a plan made a moment ago
@@ -38,10 +40,20 @@ from typing import Any
 from rlkube.operator.api import GROUP, PLURAL, VERSION, parse_spec
 from rlkube.operator.api.observed import GANG_GATE, gang_gated
 from rlkube.operator.cleanup import LABEL_CLEANUP
-from rlkube.operator.gpu_use import GpuUse, InventorySnapshot, Key, PodUse, pod_use, snapshot_from_objects
 from rlkube.operator.kubeapi import ApiError, KubeAPI
-from rlkube.operator.lifecycle.catalog import NodeCatalog
-from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_job, waiting_jobs
+from rlkube.operator.planning.inventory import (
+    GpuUse,
+    InventorySnapshot,
+    Key,
+    NodeCatalog,
+    PodUse,
+    WaitingJob,
+    pod_use,
+    reduce_node,
+    snapshot_from_objects,
+    waiting_job,
+    waiting_jobs,
+)
 from rlkube.operator.watch import Reflector
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 
@@ -54,23 +66,9 @@ def _key(obj: Mapping[str, Any]) -> Key:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
-def reduce_node(node: Mapping[str, Any]) -> dict:
-    """The fields of a node that planning reads (inventory.py, lifecycle/catalog.py). The Ready
-    condition keeps its status and transition time, not its heartbeat: a kubelet's heartbeat then
-    leaves the reduced node equal, and the planning catalog stands (NodeStore)."""
-    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
-    return {
-        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
-        "spec": {"unschedulable": spec.get("unschedulable", False), "taints": list(spec.get("taints") or [])},
-        "status": {"allocatable": dict(status.get("allocatable") or {}),
-                   "conditions": [{k: c[k] for k in ("type", "status", "lastTransitionTime") if k in c}
-                                  for c in status.get("conditions") or [] if c.get("type") == "Ready"]},
-    }
-
-
 class PlanningTurns:
     """The lock plans are made under, given to the oldest job waiting for it (by the queue's order,
-    lifecycle/fifo.py) instead of to whichever thread the OS wakes. A plan first serves every older
+    planning/fifo.py) instead of to whichever thread the OS wakes. A plan first serves every older
     job still waiting (fifo.held_back: one placement each, milliseconds apiece on a thousand nodes),
     so when a dozen reconciles want to plan at once, oldest first leaves the fewest ahead of each."""
 
@@ -243,7 +241,7 @@ class PodStore:
 
 
 class NodeStore:
-    """The nodes, reduced, and the planning catalog made of them (lifecycle/catalog.py): made on
+    """The nodes, reduced, and the planning catalog made of them (inventory.NodeCatalog): made on
     the first plan after an event changed a reduced node, and kept by every plan until then."""
 
     def __init__(self) -> None:
@@ -279,7 +277,7 @@ class NodeStore:
 
 
 class JobStore:
-    """RLTrainingJobs reduced to whether (and how) they wait for a plan (lifecycle/fifo.py).
+    """RLTrainingJobs reduced to whether (and how) they wait for a plan (planning/fifo.py).
     A spec is parsed once per (uid, generation): status writes do not parse it again."""
 
     def __init__(self) -> None:

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkube.operator.api import RLTrainingJobSpec
-from rlkube.operator.api.observed import LABEL_JOB, TRAINER_CONTAINER, JobRef
+from rlkube.operator.api.observed import KUEUE_QUEUE_LABEL, LABEL_JOB, TRAINER_CONTAINER, JobRef
 from rlkube.operator.api.spec_types import ResourceList
-from rlkube.operator.placement import GPU_RESOURCE
-from rlkube.operator.render import KUEUE_QUEUE_LABEL, MANAGED_BY
+from rlkube.operator.planning.placement import GPU_RESOURCE
+from rlkube.operator.render import MANAGED_BY
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"

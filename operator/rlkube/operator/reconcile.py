@@ -32,9 +32,9 @@ from rlkube.operator.api.observed import GANG_GATE, LABEL_JOB, JobView, gang_gat
 from rlkube.operator.cluster_state import ListedInventory, PlanningTurns, WatchedInventory
 from rlkube.operator.kubeapi import ApiError, Conflict, KubeAPI, delete_configmap
 from rlkube.operator.lifecycle import Decision, Settings, decide
-from rlkube.operator.lifecycle.cluster import cluster_view_of
 from rlkube.operator.lifecycle.rejection import rejected
 from rlkube.operator.metrics import Metrics
+from rlkube.operator.planning.cluster import cluster_view_of
 from rlkube.operator.progress_client import poll_progress
 from rlkube.operator.status import counts_only, status_patch
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT

@@ -34,8 +34,16 @@ from typing import Any
 import yaml
 
 from rlkube.operator.api import RLTrainingJobSpec
-from rlkube.operator.api.observed import GANG_GATE, TRAINER_CONTAINER, JobRef
-from rlkube.operator.placement import GPU_RESOURCE, Placement, PodPlan
+from rlkube.operator.api.observed import (
+    GANG_GATE,
+    GPUS_ANNOTATION,
+    PLANNED_NODE_ANNOTATION,
+    TRAINER_CONTAINER,
+    VOLCANO_SCHEDULER,
+    JobRef,
+    uses_gang_gate,
+)
+from rlkube.operator.planning.placement import GPU_RESOURCE, Placement, PodPlan
 from rlkube.runtime.contract.config import ROLE_NAMES
 from rlkube.runtime.contract.pod import (
     CONFIG_DIR,
@@ -62,11 +70,7 @@ HOST_CHECKPOINT_ROOT = "/var/lib/rlkube"
 DEFAULT_UID = 1000
 # Time the trainer gets on SIGTERM to write a checkpoint and exit 143.
 TERMINATION_GRACE_SECONDS = 120
-VOLCANO_SCHEDULER = "volcano"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = "rlkube-operator"
-PLANNED_NODE_ANNOTATION = "rlkube.io/planned-node"
-GPUS_ANNOTATION = "rlkube.io/gpus"
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -111,13 +115,6 @@ def pod_names(job_name: str, spec: RLTrainingJobSpec) -> list[str]:
 def master_addr(job: JobRef, spec: RLTrainingJobSpec) -> str:
     """DNS name of pod 0 through the headless Service (the search path supplies the cluster domain)."""
     return f"{pod_names(job.name, spec)[0]}.{service_name(job.name)}.{job.namespace}.svc"
-
-
-def uses_gang_gate(job: JobRef, spec: RLTrainingJobSpec) -> bool:
-    """Whether rlkube gates the pods itself: not when Volcano or Kueue does the admission."""
-    if spec.scheduler_name == VOLCANO_SCHEDULER:
-        return False
-    return KUEUE_QUEUE_LABEL not in (job.labels or {})
 
 
 def checkpoint_host_path(job: JobRef) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkube.operator.api.observed import JobView, PodView, format_time
-from rlkube.operator.placement import Placement, PodPlan
+from rlkube.operator.planning.placement import Placement, PodPlan
 from rlkube.runtime.contract.config import MAX_PATH_LEN
 from rlkube.runtime.contract.progress import (
     OUTPUT_ADAPTER,

@@ -10,6 +10,7 @@ from typing import Any
 
 from rlkube.operator import lifecycle
 from rlkube.operator.api.observed import JobView, pod_views
+from rlkube.operator.planning.cluster import Cluster, cluster_view
 from rlkube.operator.reconcile import final_report
 from rlkube.operator.status import status_patch
 from tests.sections import with_sections
@@ -65,10 +66,10 @@ def node(name: str, gpus: int = 4, ready: bool = True, labels: dict | None = Non
     }
 
 
-def cluster(nodes: list[dict], pods: list[dict] = (), job_spec: Any = None) -> lifecycle.Cluster:
+def cluster(nodes: list[dict], pods: list[dict] = (), job_spec: Any = None) -> Cluster:
     from rlkube.operator.api import parse_spec
 
-    return lifecycle.cluster_view(list(nodes), list(pods), job_spec or parse_spec(spec()))
+    return cluster_view(list(nodes), list(pods), job_spec or parse_spec(spec()))
 
 
 def with_status(pod: dict, phase: str, *, node_name: str | None = None, exit_code: int | None = None,
@@ -130,7 +131,7 @@ class World:
         decision = lifecycle.decide(view, pods, now, None, progress, self.settings)
         if decision.need_cluster:
             bound = self.listing if self.listing is not None else self.bound()
-            cluster = lifecycle.cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid,
+            cluster = cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid,
                                              own_pods=list(self.pods.values()))
             decision = lifecycle.decide(view, pods, now, cluster, progress, self.settings)
         patch = status_patch(view.status, decision.status)

@@ -15,9 +15,9 @@ from rlkube.operator import cluster_state, lifecycle, render
 from rlkube.operator.api import parse_spec
 from rlkube.operator.api.observed import GANG_GATE
 from rlkube.operator.cluster_state import ListedInventory, PodStore, WatchedInventory
-from rlkube.operator.gpu_use import pod_use
 from rlkube.operator.kubeapi import ApiError, KubeAPI
-from rlkube.operator.lifecycle.cluster import cluster_view_of
+from rlkube.operator.planning.cluster import cluster_view_of
+from rlkube.operator.planning.inventory import pod_use
 from rlkube.operator.reconcile import Reconciler
 from rlkube.operator.watch import Reflector
 

@@ -10,6 +10,7 @@ from operator_builders import World, at, job, node, with_status
 
 from rlkube.operator import lifecycle
 from rlkube.operator.api.observed import JobView, pod_views
+from rlkube.operator.planning.cluster import cluster_view
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
 
@@ -226,7 +227,7 @@ def test_disruptions_replan_without_counting(how, reason):
         # which is the "vanished" case); when the inventory is at hand, a gone node re-plans too.
         view = w.view()
         d = lifecycle.decide(view, pod_views(list(w.pods.values())), at(5),
-                             lifecycle.cluster_view(w.nodes, [], view.spec), None, FAST)
+                             cluster_view(w.nodes, [], view.spec), None, FAST)
         assert d.action == "replan" and d.events[-1].reason == reason
         return
     d = w.step(at(5))
@@ -402,12 +403,12 @@ def test_unbound_pods_of_other_jobs_hold_their_planned_gpus():
     other = job(name="other")
     other["metadata"]["uid"] = "other-uid"
     view = JobView.from_object(other)
-    c = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid="other-uid")
+    c = cluster_view(nodes, [], view.spec, planned=gated, own_uid="other-uid")
     free = {n.name: n.gpus_free for n in c.inventory}
     assert free[planned_node] == 0 and sum(free.values()) == 4
     d = lifecycle.decide(view, [], at(1), c)
     assert {o["metadata"]["annotations"]["rlkube.io/planned-node"] for o in d.create if o["kind"] == "Pod"} \
         == {n for n in free if n != planned_node}
     # a job's own unbound pods do not count against it (its admission check would never pass)
-    own = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid=first.view().ref.uid)
+    own = cluster_view(nodes, [], view.spec, planned=gated, own_uid=first.view().ref.uid)
     assert all(n.gpus_free == 4 for n in own.inventory)

@@ -7,7 +7,7 @@ import pytest
 from operator_builders import World, at, job, node, with_status
 
 from rlkube.operator.api.observed import pod_views
-from rlkube.operator.placement import Placement, PodPlan
+from rlkube.operator.planning.placement import Placement, PodPlan
 from rlkube.operator.status import (
     placement_from_status,
     placement_to_status,

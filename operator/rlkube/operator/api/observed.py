@@ -20,6 +20,13 @@ from rlkube.runtime.contract.pod import LABEL_ATTEMPT, LABEL_JOB, LABEL_POD_INDE
 
 GANG_GATE = "rlkube.io/gang"
 TRAINER_CONTAINER = "trainer"
+# Where rlkube's plan puts a pod before it binds, and the GPUs it takes there: render writes
+# them, the GPU inventory counts them (planning/inventory.py), like the scheduler's assumed pods.
+PLANNED_NODE_ANNOTATION = "rlkube.io/planned-node"
+GPUS_ANNOTATION = "rlkube.io/gpus"
+# Who admits a gang instead of rlkube's gate (docs/kueue.md).
+VOLCANO_SCHEDULER = "volcano"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # Pod status reasons that mean the pod was taken away (not that the trainer crashed). Kubernetes
 # also marks such pods with the DisruptionTarget condition; older kubelets only set the reason.
@@ -224,6 +231,13 @@ class JobRef:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+
+def uses_gang_gate(job: JobRef, spec: RLTrainingJobSpec) -> bool:
+    """Whether rlkube gates the pods itself: not when Volcano or Kueue does the admission."""
+    if spec.scheduler_name == VOLCANO_SCHEDULER:
+        return False
+    return KUEUE_QUEUE_LABEL not in (job.labels or {})
 
 
 @dataclass(frozen=True)

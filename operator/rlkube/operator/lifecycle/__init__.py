@@ -42,24 +42,19 @@ pod is deleted; pods carry their attempt as a label, so "stale" is a fact anyone
 
 Where each rule lives: `rules` (the entry point, rules 1-5), `queue` (4b), `admission` (6, 7), `repair` and
 `outcome` (8: an admitted gang that is not whole, then what its pods add up to), `nodes` (lost
-nodes, and why nothing fits), `fifo` (the order of waiting jobs), `rejection` (a child the API
-server refuses: Failed at once). `decider` holds the state being decided and the outcome builders
-they share; `cluster` what planning sees.
+nodes, and why nothing fits), `rejection` (a child the API server refuses: Failed at once).
+`decider` holds the state being decided and the outcome builders they share. What planning sees
+(`planning.cluster`) and the order of waiting jobs (`planning.fifo`) are planning's.
 """
 
-from rlkube.operator.lifecycle.cluster import Cluster, cluster_view, largest_plan, plan_fits
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
 from rlkube.operator.lifecycle.rules import decide
 
 __all__ = [
-    "Cluster",
     "Decision",
     "Event",
     "Settings",
     "Ungate",
     "backoff_seconds",
-    "cluster_view",
     "decide",
-    "largest_plan",
-    "plan_fits",
 ]

@@ -10,12 +10,13 @@ theirs: rlkube sets no gate and hands the pods over as they are.
 from __future__ import annotations
 
 from rlkube.operator import render
-from rlkube.operator.api.observed import format_time
-from rlkube.operator.lifecycle import fifo, nodes
-from rlkube.operator.lifecycle.cluster import largest_plan, plan_fits
+from rlkube.operator.api.observed import format_time, uses_gang_gate
+from rlkube.operator.lifecycle import nodes
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
-from rlkube.operator.placement import Unplaceable
+from rlkube.operator.planning import fifo
+from rlkube.operator.planning.cluster import largest_plan, plan_fits
+from rlkube.operator.planning.placement import Unplaceable
 from rlkube.operator.status import condition
 
 
@@ -57,7 +58,7 @@ def plan_and_admit(d: Decider) -> Decision:
     # incomplete.
     s.admission_time = format_time(d.now)
     ungate = []
-    if render.uses_gang_gate(job.ref, spec):
+    if uses_gang_gate(job.ref, spec):
         ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in objects if o["kind"] == "Pod"]
     d.event("Normal", "Admitted", f"gang of {len(placement.pods)} pods fits: created and ungated together")
     return d.finish("Scheduling", "Admitted", f"creating {len(placement.pods)} pods" + d.admission_note(),

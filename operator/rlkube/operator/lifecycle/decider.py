@@ -16,10 +16,10 @@ from typing import Any
 
 from rlkube.operator import kueue_workload as kw
 from rlkube.operator import render
-from rlkube.operator.api.observed import JobView, PodView, format_time
-from rlkube.operator.lifecycle.cluster import Cluster
+from rlkube.operator.api.observed import JobView, PodView, format_time, uses_gang_gate
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
-from rlkube.operator.placement import Placement, PodPlan
+from rlkube.operator.planning.cluster import Cluster
+from rlkube.operator.planning.placement import Placement, PodPlan
 from rlkube.operator.status import (
     STATUS_CHECKPOINT_NODES,
     Lifecycle,
@@ -135,7 +135,7 @@ class Decider:
             spec=spec,
             current=[by_index[plan.index] for plan in placement.pods if plan.index in by_index],
             missing=[plan for plan in placement.pods if plan.index not in by_index],
-            gated_by_us=render.uses_gang_gate(self.job.ref, spec),
+            gated_by_us=uses_gang_gate(self.job.ref, spec),
         )
 
     def active(self) -> list[PodView]:

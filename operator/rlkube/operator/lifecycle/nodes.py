@@ -25,10 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from rlkube.operator.api.observed import PodView, parse_time
-from rlkube.operator.lifecycle.cluster import Cluster, largest_plan
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision
-from rlkube.operator.placement import Unplaceable
+from rlkube.operator.planning.cluster import Cluster, largest_plan
+from rlkube.operator.planning.placement import Unplaceable
 
 
 def lost_nodes(cluster: Cluster, names: Iterable[str], now: dt.datetime,

@@ -14,10 +14,10 @@ import datetime as dt
 from dataclasses import replace
 
 from rlkube.operator.api.observed import format_time, parse_time
-from rlkube.operator.lifecycle.cluster import largest_plan
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision
-from rlkube.operator.placement import Unplaceable
+from rlkube.operator.planning.cluster import largest_plan
+from rlkube.operator.planning.placement import Unplaceable
 
 
 def judge(d: Decider, gang: Gang) -> Decision:

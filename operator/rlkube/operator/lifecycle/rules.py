@@ -16,9 +16,9 @@ from typing import Any
 from rlkube.operator import kueue_workload as kw
 from rlkube.operator.api.observed import JobView, PodView, parse_time
 from rlkube.operator.lifecycle import admission, nodes, outcome, queue, repair
-from rlkube.operator.lifecycle.cluster import Cluster
 from rlkube.operator.lifecycle.decider import AttemptState, Decider
 from rlkube.operator.lifecycle.decision import Decision, Settings
+from rlkube.operator.planning.cluster import Cluster
 from rlkube.operator.status import TERMINAL_PHASES, condition
 
 

@@ -5,7 +5,8 @@ reconciled first when GPUs free up wins, and a large job can wait forever while 
 came after it keep taking the GPUs it needs. The rule (docs/scheduling.md):
 
 - A job waits for a plan while it has none and is not suspended (phase Pending or new); jobs
-  queued in Kueue or scheduled by Volcano are theirs to order and are left out.
+  queued in Kueue or scheduled by Volcano are theirs to order and are left out (the inventory's
+  `waiting_job` tells them apart).
 - Within a priority class (spec.priorityClassName), waiting jobs go oldest first: by
   creationTimestamp, then name, then namespace.
 - Before a job plans, every older waiting job of its class is served first on the same free GPUs:
@@ -21,61 +22,16 @@ older one that could use them waits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from rlkube.operator import render
-from rlkube.operator.api import parse_spec
-from rlkube.operator.api.observed import JobRef, JobView
-from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.placement import Placement, Unplaceable
+from rlkube.operator.api.observed import JobView
+from rlkube.operator.planning.inventory import NodeInventory, WaitingJob
+from rlkube.operator.planning.placement import Placement, Unplaceable
 
-# The lifecycle's planner (cluster.largest_plan), passed in: cluster imports this module.
+# The planner (cluster.largest_plan), passed in: cluster imports this module.
 Planner = Callable[[Any, list[NodeInventory]], Placement | Unplaceable]
-
-
-@dataclass(frozen=True)
-class WaitingJob:
-    """A job waiting for its gang to be planned, as the queue sees it."""
-
-    namespace: str
-    name: str
-    uid: str
-    created: str                # metadata.creationTimestamp (RFC 3339, so it sorts as text)
-    priority_class: str         # spec.priorityClassName, "" when unset
-    spec: Any                   # the parsed spec
-
-    @property
-    def order(self) -> tuple[str, str, str]:
-        return self.created, self.name, self.namespace
-
-    @property
-    def label(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def waiting_jobs(jobs: Iterable[Mapping[str, Any]]) -> list[WaitingJob]:
-    """The jobs among `jobs` (raw API objects) that wait for a plan, oldest first."""
-    return sorted((w for w in map(waiting_job, jobs) if w is not None), key=lambda w: w.order)
-
-
-def waiting_job(obj: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], Any] | None = None) -> WaitingJob | None:
-    """`obj` (a raw RLTrainingJob) as a `WaitingJob`, or None when it does not wait for a plan.
-    `parse` turns the object into its spec (a caching parser, say); default `parse_spec`."""
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    if meta.get("deletionTimestamp") or status.get("placement") or status.get("phase") not in (None, "", "Pending"):
-        return None
-    try:
-        spec = parse(obj) if parse is not None else parse_spec(obj.get("spec") or {})
-    except Exception:  # pydantic.ValidationError: the job fails on its own reconcile
-        return None
-    ref = JobRef(name=meta.get("name") or "", namespace=meta.get("namespace") or "default",
-                 uid=meta.get("uid") or "", labels=dict(meta.get("labels") or {}))
-    if spec.run_policy.suspend or not render.uses_gang_gate(ref, spec):
-        return None
-    return WaitingJob(ref.namespace, ref.name, ref.uid, str(meta.get("creationTimestamp") or ""),
-                      spec.priority_class_name or "", spec)
 
 
 def ahead_of(job: JobView, waiting: Sequence[WaitingJob]) -> list[WaitingJob]:

@@ -8,7 +8,7 @@ input from `rlkube.runtime.contract.config.device_map` (the one place ranks are 
 Colocated roles (and roles with `gpus: 0`, which run on the actor's processes) share the range of
 the role they run on. Ranks are packed into pods of `gpus_per_pod` consecutive ranks, so pod i
 holds ranks [i*g, (i+1)*g); a pod runs on one node, a node may host several pods of the job, and
-no node is ever given more GPUs than it has free (the inventory: `rlkube.operator.inventory`).
+no node is ever given more GPUs than it has free (the inventory: `rlkube.operator.planning.inventory`).
 
 Topology. `topology_keys` are node labels, tightest level first (for example
 `nvidia.com/gpu.clique`, `kubernetes.io/hostname`, `rlkube.io/rack`,
@@ -48,12 +48,12 @@ broken by name, so the same request and inventory give the same plan in any inve
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 # GPU_RESOURCE is imported from here by render, which names what a pod requests.
-from rlkube.operator.inventory import GPU_RESOURCE, NodeInventory  # noqa: F401
+from rlkube.operator.planning.inventory import GPU_RESOURCE, Domain, Layout, NodeInventory  # noqa: F401
 
 HOSTNAME_KEY = "kubernetes.io/hostname"
 POLICIES = ("required", "preferred")
@@ -181,46 +181,7 @@ class Unplaceable(Exception):
 # ----------------------------------------------------------------------------------------------
 # Topology model
 
-_Domain = tuple[str, str]  # ("=", label value) or ("node", node name) for a node without the label
-_NAME, _LABELS, _FREE = (operator.attrgetter(a) for a in ("name", "labels", "gpus_free"))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The topology domains of a set of nodes at `keys`: what a plan derives from node names and
-    labels alone. A thousand nodes at four levels take milliseconds to group, more than the rest of
-    a plan, so the operator builds it once per node set (lifecycle/catalog.py, rebuilt when a node
-    event changes a node) and reuses it for every plan on those nodes; `plan_placement` checks that
-    it fits the inventory it is given and builds its own when it does not."""
-
-    keys: tuple[str, ...]
-    names: tuple[str, ...]                              # the nodes, sorted
-    labels: tuple[Mapping[str, str], ...]               # each node's labels object, in `names` order
-    node_domain: tuple[dict[str, _Domain], ...]         # level -> node -> domain
-    domain_nodes: tuple[dict[_Domain, tuple[str, ...]], ...]  # level -> domain -> node names (sorted)
-
-    @classmethod
-    def of(cls, keys: tuple[str, ...], inventory: Iterable[NodeInventory]) -> Layout:
-        nodes = sorted(inventory, key=lambda n: n.name)
-        if len({n.name for n in nodes}) != len(nodes):
-            raise ValueError("inventory: node names must be unique")
-        node_domain, domain_nodes = [], []
-        for key in keys:
-            of_node = {n.name: ("=", n.labels[key]) if key in n.labels else ("node", n.name) for n in nodes}
-            members: dict[_Domain, list[str]] = {}
-            for name, domain in of_node.items():
-                members.setdefault(domain, []).append(name)
-            node_domain.append(of_node)
-            domain_nodes.append({d: tuple(ns) for d, ns in sorted(members.items())})
-        return cls(tuple(keys), tuple(n.name for n in nodes), tuple(n.labels for n in nodes),
-                   tuple(node_domain), tuple(domain_nodes))
-
-    def serves(self, keys: tuple[str, ...], inventory: Sequence[NodeInventory]) -> bool:
-        """Whether this is `inventory`'s layout at `keys`: the same nodes in name order, each with
-        the very labels object the layout was built from (so no label can have changed since)."""
-        return (tuple(keys) == self.keys and len(inventory) == len(self.names)
-                and list(map(_NAME, inventory)) == list(self.names)
-                and all(map(operator.is_, map(_LABELS, inventory), self.labels)))
+_NAME, _FREE = operator.attrgetter("name"), operator.attrgetter("gpus_free")
 
 
 @dataclass
@@ -231,8 +192,8 @@ class _Topology:
     keys: tuple[str, ...]
     gpus_per_pod: int
     nodes: dict[str, NodeInventory]
-    node_domain: Sequence[dict[str, _Domain]]  # level -> node -> domain
-    domain_nodes: Sequence[dict[_Domain, tuple[str, ...]]]  # level -> domain -> node names (sorted)
+    node_domain: Sequence[dict[str, Domain]]  # level -> node -> domain
+    domain_nodes: Sequence[dict[Domain, tuple[str, ...]]]  # level -> domain -> node names (sorted)
     free_gpus: dict[str, int]  # node -> its free GPUs (NodeInventory.gpus_free, read once)
     free_slots: dict[str, int]  # node -> pods of gpus_per_pod its free GPUs hold
 
@@ -255,7 +216,7 @@ class _Topology:
     def slots_free(self, name: str) -> int:
         return self.free_slots[name]
 
-    def domain_label(self, level: int, domain: _Domain) -> str:
+    def domain_label(self, level: int, domain: Domain) -> str:
         kind, value = domain
         key = self.keys[level]
         return f"{key}={value}" if kind == "=" else f"{key}=<unlabeled node {value}>"

@@ -11,13 +11,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkube.operator.gpu_use import InventorySnapshot, pod_use, snapshot_from_objects
-from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.lifecycle.catalog import OUT_OF_SERVICE_TAINT, NodeCatalog, NodeHealth  # noqa: F401
-from rlkube.operator.lifecycle.fifo import WaitingJob, waiting_jobs
-from rlkube.operator.placement import Layout, Placement, Unplaceable, plan_placement, request_from_spec
+from rlkube.operator.planning.inventory import (
+    InventorySnapshot,
+    Layout,
+    NodeCatalog,
+    NodeHealth,
+    NodeInventory,
+    WaitingJob,
+    pod_use,
+    snapshot_from_objects,
+    waiting_jobs,
+)
+from rlkube.operator.planning.placement import Placement, Unplaceable, plan_placement, request_from_spec
 
-# The topology of a cluster view's nodes at some topology keys (catalog.NodeFit.layout).
+# The topology of a cluster view's nodes at some topology keys (inventory.NodeFit.layout).
 Layouts = Callable[[Sequence[str]], Layout]
 
 
@@ -30,8 +37,8 @@ class Cluster:
     own_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs the job's own bound pods hold
     health: Mapping[str, NodeHealth] = field(default_factory=dict)  # every node's, by name
     excluded: Mapping[str, str] = field(default_factory=dict)  # node -> why the job's pods cannot use it
-    waiting: tuple[WaitingJob, ...] = ()  # gangs waiting to be planned, oldest first (lifecycle/fifo.py)
-    # The inventory's topology per topology keys, kept with its nodes (catalog.py): largest_plan's
+    waiting: tuple[WaitingJob, ...] = ()  # gangs waiting to be planned, oldest first (planning/fifo.py)
+    # The inventory's topology per topology keys, kept with its nodes (inventory.NodeCatalog): largest_plan's
     # `layouts`. None: every plan groups the nodes itself.
     layouts: Layouts | None = field(default=None, compare=False, repr=False)
 
@@ -51,7 +58,7 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
     its GPUs, so the attempt planned right after an ElasticGrow teardown sees them free.
 
     `jobs` are the RLTrainingJobs of the cluster: those waiting for a plan queue first come, first
-    served (lifecycle/fifo.py).
+    served (planning/fifo.py).
     """
     snapshot = snapshot_from_objects(nodes, [*pods, *planned], waiting_jobs(jobs))
     return cluster_view_of(snapshot, spec, own_uid, own_pods)
@@ -59,7 +66,7 @@ def cluster_view(nodes: list[dict], pods: list[dict], spec: Any, planned: list[d
 
 def cluster_view_of(snapshot: InventorySnapshot, spec: Any, own_uid: str = "",
                     own_pods: list[dict] | None = None) -> Cluster:
-    """`cluster_view` on a snapshot (gpu_use.py): from a watch-fed store or from one listing.
+    """`cluster_view` on a snapshot (inventory.py): from a watch-fed store or from one listing.
 
     Other owners' bound and planned pods count where they are; the job's own planned pods do not;
     the job's own bound pods count as `own_pods` (fresher) says, or as the snapshot says when
@@ -76,7 +83,7 @@ def cluster_view_of(snapshot: InventorySnapshot, spec: Any, own_uid: str = "",
     for node, gpus in own.items():
         used[node] = used.get(node, 0) + gpus
     # What follows from the nodes alone comes from the catalog, worked out once per node set
-    # (catalog.py); only the GPUs in use are this plan's.
+    # (inventory.NodeCatalog); only the GPUs in use are this plan's.
     catalog = snapshot.catalog if snapshot.catalog is not None else NodeCatalog(snapshot.nodes)
     fit = catalog.fit(spec.tolerations, spec.node_selector or {})
     return Cluster(inventory=fit.inventory(used), node_names=catalog.names,

@@ -132,7 +132,7 @@ class World:
         if decision.need_cluster:
             bound = self.listing if self.listing is not None else self.bound()
             cluster = cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid,
-                                             own_pods=list(self.pods.values()))
+                                   own_pods=list(self.pods.values()))
             decision = lifecycle.decide(view, pods, now, cluster, progress, self.settings)
         patch = status_patch(view.status, decision.status)
         if patch:
@@ -180,3 +180,23 @@ class World:
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
+
+
+# Short backoffs, so a test walks a restart in a few steps.
+FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
+
+
+def world(nodes: list[dict] | None = None, settings: lifecycle.Settings = FAST, **kw: Any) -> World:
+    """A job (`job(**kw)`) on nodes a and b (4 GPUs each) unless `nodes` are given."""
+    return World(job(**kw), nodes if nodes is not None else [node("a", 4), node("b", 4)], settings)
+
+
+def running_world(**kw: Any) -> World:
+    """A PPO job (4 pods of 1 GPU) admitted, bound and running at t=3."""
+    w = world(**kw)
+    w.step(at(0))            # plan + create
+    w.step(at(1))            # admit (ungate)
+    w.bind_all()
+    w.step(at(3))            # running
+    assert w.status["phase"] == "Running", w.status
+    return w

@@ -1,4 +1,4 @@
-"""Node loss (lifecycle/nodes.py): a node NotReady/Unknown past the grace, or tainted
+"""Node loss (lifecycle/node_loss.py): a node NotReady/Unknown past the grace, or tainted
 out-of-service, re-plans the gang away from it, force-deletes the pods stranded there, and an
 elastic gang that no longer fits shrinks."""
 

@@ -251,7 +251,7 @@ class JobView:
     spec_error: str | None      # every spec problem, one per line, with its field path
     status: Mapping[str, Any]
     deleting: bool
-    created: str = ""           # metadata.creationTimestamp: the job's place in the queue (lifecycle/fifo.py)
+    created: str = ""           # metadata.creationTimestamp: the job's place in the queue (planning/fifo.py)
 
     @property
     def name(self) -> str:

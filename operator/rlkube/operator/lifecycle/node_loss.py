@@ -1,4 +1,4 @@
-"""Node loss, and what the nodes say about a gang that cannot be placed. Pure.
+"""Node loss: a node of the gang gone, out of service, or not Ready past its grace. Pure.
 
 A node is lost when it left the cluster, is tainted `node.kubernetes.io/out-of-service` (an
 administrator's word that it was shut down without a drain), or has not been Ready for
@@ -11,7 +11,9 @@ non-graceful node shutdown does. The old processes, if they still run behind a p
 commit a checkpoint for the new attempt: the runtime fences commits by attempt (checkpoint.py).
 
 An elastic job that no longer fits at its size shrinks: the next attempt is planned by the elastic
-planning (cluster.largest_plan) on what is left, and the Event `ElasticShrink` says so.
+planning (planning's `largest_plan`) on what is left, and the Event `ElasticShrink` says so
+(lifecycle/elastic.py). A node loss that counts (`Settings.node_lost_counts`) is a restart like a
+crash, up to backoffLimit (lifecycle/restart.py).
 
 Nodes are only looked at when a pod gives a sign of trouble (bound and not Ready, or being
 deleted), since listing them is the expensive part of a reconcile; the node controller marks the
@@ -25,10 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from rlkube.operator.api.observed import PodView, parse_time
+from rlkube.operator.lifecycle import elastic, restart
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision
-from rlkube.operator.planning.cluster import Cluster, largest_plan
-from rlkube.operator.planning.placement import Unplaceable
+from rlkube.operator.planning.cluster import Cluster
+
+NODE_LOST = "NodeLost"
 
 
 def lost_nodes(cluster: Cluster, names: Iterable[str], now: dt.datetime,
@@ -69,32 +73,14 @@ def node_loss(d: Decider, gang: Gang) -> Decision | float | None:
         return next_check
     stranded = [p.name for p in mine if p.node in lost]
     why = f"{'; '.join(lost.values())}: force-deleting {', '.join(stranded)}"
-    _shrink_event(d, gang, set(lost))
-    policy = d.job.spec.run_policy
-    counted = d.settings.node_lost_counts
-    if counted and d.s.restarts >= policy.backoff_limit:
-        d.event("Warning", "NodeLost", why)
-        decision = d.fail("BackoffLimitExceeded", f"{why}; backoffLimit {policy.backoff_limit} reached")
+    elastic.note_shrink(d, gang, lost)
+    replan = f"{why}; re-planning the gang away from it"
+    if d.settings.node_lost_counts:
+        decision = restart.restart_or_fail(d, NODE_LOST, why, restart_message=replan, event_at_limit=True)
     else:
-        decision = d.teardown("NodeLost", f"{why}; re-planning the gang away from it", counted=counted)
+        decision = d.teardown(NODE_LOST, replan)
     return replace(decision, delete=tuple(n for n in decision.delete if n not in stranded),
                    force_delete=tuple(stranded))
-
-
-def _shrink_event(d: Decider, gang: Gang, lost: set[str]) -> None:
-    """An elastic gang that no longer fits at its size without the lost nodes: say it shrinks."""
-    spec, running = d.job.spec, len(gang.placement.pods)
-    if spec.elastic is None or d.cluster is None:
-        return
-    held = d.cluster.own_gpus
-    free = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0)))
-            for n in d.cluster.inventory if n.name not in lost]
-    smaller = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap(), layouts=d.cluster.layouts)
-    if isinstance(smaller, Unplaceable) or len(smaller.pods) >= running:
-        return
-    d.event("Normal", "ElasticShrink", f"elastic: {len(smaller.pods)} pods fit without node(s) "
-            f"{', '.join(sorted(lost))}, running with {running} (minWorkers {spec.elastic.min_workers}): "
-            "restarting the gang smaller from its checkpoint")
 
 
 def stranded(d: Decider, leaving: Sequence[PodView]) -> Decision | None:
@@ -120,21 +106,3 @@ def stranded(d: Decider, leaving: Sequence[PodView]) -> Decision | None:
 def _overdue(pod: PodView, now: dt.datetime) -> bool:
     deadline = parse_time((pod.raw.get("metadata") or {}).get("deletionTimestamp"))
     return pod.terminating and deadline is not None and deadline <= now
-
-
-def why_unplaceable(reason: str, cluster: Cluster, holders: Sequence[str] = ()) -> str:
-    """The planner's reason, with what the nodes it could not use say about why: the real cause
-    is often a nodeSelector no node matches or a taint, not capacity."""
-    parts = [reason]
-    if holders:
-        parts.append(f"GPUs held for older waiting job(s) {', '.join(holders)} (first come, first served)")
-    by_why: dict[str, list[str]] = {}
-    for node, why in sorted(cluster.excluded.items()):
-        by_why.setdefault(why, []).append(node)
-    if by_why:
-        total = len(cluster.node_names)
-        shown = [f"{len(nodes)} {why} ({', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
-                 for why, nodes in sorted(by_why.items(), key=lambda kv: -len(kv[1]))]
-        lead = "no node can take the pods" if not cluster.inventory else f"of {total} nodes"
-        parts.append(f"{lead}: " + "; ".join(shown))
-    return "; ".join(parts)

@@ -10,9 +10,9 @@ from typing import Any
 
 from rlkube.operator import lifecycle
 from rlkube.operator.api.observed import JobView, pod_views
+from rlkube.operator.controller.reconcile import final_report
 from rlkube.operator.planning.cluster import Cluster, cluster_view
-from rlkube.operator.reconcile import final_report
-from rlkube.operator.status import status_patch
+from rlkube.operator.render.status import status_patch
 from tests.sections import with_sections
 
 T0 = dt.datetime(2026, 12, 2, 12, 0, 0, tzinfo=dt.timezone.utc)

@@ -10,8 +10,8 @@ import yaml
 from operator_builders import World, at, job, node
 
 from rlkube.operator import lifecycle, render
+from rlkube.operator.controller.reconcile import Reconciler
 from rlkube.operator.planning.cluster import cluster_view
-from rlkube.operator.reconcile import Reconciler
 
 # These gangs span the two nodes: their hostPath checkpoints are declared shared (the one-node
 # rule without a shared store is tested in test_checkpoint_store.py).

@@ -10,7 +10,7 @@ from rlkube.operator import lifecycle
 from rlkube.operator.api.observed import JobView
 from rlkube.operator.planning.cluster import cluster_view
 from rlkube.operator.planning.inventory import waiting_jobs
-from rlkube.operator.status import condition
+from rlkube.operator.render.status import condition
 
 FAST = lifecycle.Settings(unschedulable_retry_seconds=15)
 

@@ -1,5 +1,5 @@
-"""The planning catalog (planning/inventory.py, NodeCatalog) and the layouts it keeps give the very plans that
-working everything out again for each plan gives: over random clusters changed by random node
+"""The planning catalog (`NodeCatalog` of planning/inventory.py) and the layouts it keeps give the
+very plans that working everything out again for each plan gives: over random clusters changed by random node
 events, every cluster view and every plan (the older waiting jobs' held-back plans included) made
 on a catalog kept between plans equals the one made from the raw nodes with nothing kept."""
 
@@ -11,7 +11,7 @@ import random
 import pytest
 
 from rlkube.operator.api import parse_spec
-from rlkube.operator.cluster_state import NodeStore
+from rlkube.operator.controller.cluster_state import NodeStore
 from rlkube.operator.planning import fifo
 from rlkube.operator.planning import placement as placement_module
 from rlkube.operator.planning.cluster import cluster_view_of, largest_plan

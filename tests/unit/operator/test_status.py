@@ -8,7 +8,7 @@ from operator_builders import World, at, job, node, with_status
 
 from rlkube.operator.api.observed import pod_views
 from rlkube.operator.planning.placement import Placement, PodPlan
-from rlkube.operator.status import (
+from rlkube.operator.render.status import (
     placement_from_status,
     placement_to_status,
     progress_status,

@@ -1,6 +1,6 @@
 """The status of an RLTrainingJob, written by the operator only (pods never write to the API).
 
-These models give `status` its CRD schema; `rlkube.operator.status` computes the values.
+These models give `status` its CRD schema; `rlkube.operator.render.status` computes the values.
 """
 
 from __future__ import annotations

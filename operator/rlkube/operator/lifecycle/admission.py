@@ -23,7 +23,7 @@ from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
 from rlkube.operator.planning import fifo
 from rlkube.operator.planning.cluster import Cluster, largest_plan, plan_fits
 from rlkube.operator.planning.placement import Unplaceable
-from rlkube.operator.status import condition
+from rlkube.operator.render.status import condition
 
 
 def plan_and_admit(d: Decider) -> Decision:

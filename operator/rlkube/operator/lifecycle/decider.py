@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator import render
 from rlkube.operator.api.observed import JobView, PodView, format_time, uses_gang_gate
 from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate
 from rlkube.operator.planning.cluster import Cluster
 from rlkube.operator.planning.placement import Placement, PodPlan
-from rlkube.operator.status import (
+from rlkube.operator.render import kueue_workload as kw
+from rlkube.operator.render.status import (
     STATUS_CHECKPOINT_NODES,
     Lifecycle,
     condition,

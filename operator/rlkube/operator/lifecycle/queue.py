@@ -15,9 +15,9 @@ partial admission); every plan and every ElasticGrow of the job stays within the
 
 from __future__ import annotations
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator.lifecycle.decider import Decider
 from rlkube.operator.lifecycle.decision import Decision
+from rlkube.operator.render import kueue_workload as kw
 
 QUEUED = "QueuedInKueue"
 EVICTED = "EvictedByKueue"

@@ -28,7 +28,7 @@ from rlkube.operator.lifecycle import (
 from rlkube.operator.lifecycle.decider import AttemptState, Decider
 from rlkube.operator.lifecycle.decision import Decision, Settings
 from rlkube.operator.planning.cluster import Cluster
-from rlkube.operator.status import TERMINAL_PHASES
+from rlkube.operator.render.status import TERMINAL_PHASES
 
 
 def decide(

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator.api.observed import parse_time
 from rlkube.operator.lifecycle.decider import Decider
 from rlkube.operator.lifecycle.decision import Decision
-from rlkube.operator.status import condition
+from rlkube.operator.render import kueue_workload as kw
+from rlkube.operator.render.status import condition
 
 
 def finished(d: Decider) -> Decision:

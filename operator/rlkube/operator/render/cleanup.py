@@ -35,7 +35,7 @@ from typing import Any
 
 from rlkube.operator.api.observed import JobRef, JobView
 from rlkube.operator.render import HOST_CHECKPOINT_ROOT, MANAGED_BY, checkpoint_host_path
-from rlkube.operator.status import STATUS_CHECKPOINT_NODES
+from rlkube.operator.render.status import STATUS_CHECKPOINT_NODES
 
 LABEL_CLEANUP = "rlkube.io/checkpoint-cleanup"
 LABEL_RECORD = "rlkube.io/checkpoint-record"

@@ -1,6 +1,11 @@
-"""Rendering: an RLTrainingJob and its placement -> the Kubernetes objects that run it.
+"""Rendering: an RLTrainingJob and its placement -> the Kubernetes objects that run it. Pure.
 
-A pure function of its inputs. `render(job, spec, placement, attempt)` returns the job's
+The render package is what the operator writes, as pure functions of what it read: the gang's
+objects (this module), the job's status (`status`), the Kueue Workload of a queued job
+(`kueue_workload`) and the checkpoint cleanup pods and records (`cleanup`). It reads the API
+types and planning's `Placement`, nothing above them.
+
+Objects. `render(job, spec, placement, attempt)` returns the job's
 headless Service, its ConfigMap (run.yaml: the `RuntimeConfig` the trainer reads, with the
 placement's device map) and one Pod per planned slot. The operator creates whichever of them is
 missing; because every name is deterministic, a rerun after a crash meets AlreadyExists instead

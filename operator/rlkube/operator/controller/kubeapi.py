@@ -19,8 +19,8 @@ from urllib.parse import quote, urlencode
 
 import urllib3
 
-from rlkube.operator import kueue_workload
 from rlkube.operator.api import GROUP, PLURAL, VERSION
+from rlkube.operator.render import kueue_workload
 from rlkube.runtime.contract.pod import LABEL_JOB
 
 CONNECT_TIMEOUT = 5.0

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rlkube.operator.kubeapi import ApiError, Conflict, KubeAPI
+from rlkube.operator.controller.kubeapi import ApiError, Conflict, KubeAPI
 
-logger = logging.getLogger("rlkube.operator.leader")
+logger = logging.getLogger("rlkube.operator.controller.leader")
 
 
 def _micro_time(now: dt.datetime) -> str:

@@ -26,17 +26,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rlkube.operator import cleanup, kueue_workload, render
+from rlkube.operator import render
 from rlkube.operator.api import API_VERSION, KIND
 from rlkube.operator.api.observed import GANG_GATE, LABEL_JOB, JobView, gang_gated, owned_by, pod_views
-from rlkube.operator.cluster_state import ListedInventory, PlanningTurns, WatchedInventory
-from rlkube.operator.kubeapi import ApiError, Conflict, KubeAPI, delete_configmap
+from rlkube.operator.controller.cluster_state import ListedInventory, PlanningTurns, WatchedInventory
+from rlkube.operator.controller.kubeapi import ApiError, Conflict, KubeAPI, delete_configmap
+from rlkube.operator.controller.metrics import Metrics
+from rlkube.operator.controller.progress_client import poll_progress
 from rlkube.operator.lifecycle import Decision, Settings, decide
 from rlkube.operator.lifecycle.rejection import rejected
-from rlkube.operator.metrics import Metrics
 from rlkube.operator.planning.cluster import cluster_view_of
-from rlkube.operator.progress_client import poll_progress
-from rlkube.operator.status import counts_only, status_patch
+from rlkube.operator.render import cleanup, kueue_workload
+from rlkube.operator.render.status import counts_only, status_patch
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 
 logger = logging.getLogger("rlkube.operator")

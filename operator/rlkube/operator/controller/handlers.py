@@ -31,11 +31,11 @@ import kopf
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION
 from rlkube.operator.api.observed import LABEL_JOB
-from rlkube.operator.cleanup import LABEL_CLEANUP
-from rlkube.operator.cluster_state import JobStore, PodStore
-from rlkube.operator.kubeapi import ApiError, Conflict
-from rlkube.operator.metrics import Metrics
-from rlkube.operator.reconcile import Reconciler
+from rlkube.operator.controller.cluster_state import JobStore, PodStore
+from rlkube.operator.controller.kubeapi import ApiError, Conflict
+from rlkube.operator.controller.metrics import Metrics
+from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.render.cleanup import LABEL_CLEANUP
 
 logger = logging.getLogger("rlkube.operator")
 

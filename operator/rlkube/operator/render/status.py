@@ -37,7 +37,7 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 # Nodes whose hostPath holds a job's checkpoints: every node a plan of it used, kept across
-# attempts, so deleting the job cleans each of them (operator/rlkube/operator/cleanup.py).
+# attempts, so deleting the job cleans each of them (operator/rlkube/operator/render/cleanup.py).
 STATUS_CHECKPOINT_NODES = "checkpointNodes"
 
 

@@ -15,10 +15,10 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from rlkube.operator import cleanup
-from rlkube.operator.kubeapi import KubeAPI, list_configmaps
-from rlkube.operator.metrics import Metrics
-from rlkube.operator.reconcile import Reconciler
+from rlkube.operator.controller.kubeapi import KubeAPI, list_configmaps
+from rlkube.operator.controller.metrics import Metrics
+from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.render import cleanup
 
 logger = logging.getLogger("rlkube.operator")
 

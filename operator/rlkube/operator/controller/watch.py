@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from rlkube.operator.kubeapi import ApiError, KubeAPI
+from rlkube.operator.controller.kubeapi import ApiError, KubeAPI
 
 logger = logging.getLogger("rlkube.operator")
 

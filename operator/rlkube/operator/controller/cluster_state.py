@@ -39,8 +39,8 @@ from typing import Any
 
 from rlkube.operator.api import GROUP, PLURAL, VERSION, parse_spec
 from rlkube.operator.api.observed import GANG_GATE, gang_gated
-from rlkube.operator.cleanup import LABEL_CLEANUP
-from rlkube.operator.kubeapi import ApiError, KubeAPI
+from rlkube.operator.controller.kubeapi import ApiError, KubeAPI
+from rlkube.operator.controller.watch import Reflector
 from rlkube.operator.planning.inventory import (
     GpuUse,
     InventorySnapshot,
@@ -54,7 +54,7 @@ from rlkube.operator.planning.inventory import (
     waiting_job,
     waiting_jobs,
 )
-from rlkube.operator.watch import Reflector
+from rlkube.operator.render.cleanup import LABEL_CLEANUP
 from rlkube.runtime.contract.pod import LABEL_ATTEMPT
 
 LEDGER_GRACE = 30.0

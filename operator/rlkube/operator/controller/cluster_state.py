@@ -146,7 +146,7 @@ class Ledger:
 
 
 def reduce_job_pod(obj: Mapping[str, Any]) -> dict:
-    """The fields of an rlkube pod that a reconcile reads (observed.PodView, gpu_use.pod_use,
+    """The fields of an rlkube pod that a reconcile reads (observed.PodView, inventory.pod_use,
     owned_by): kept for every such pod, so a reconcile reads its job's pods here, not from a LIST."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     kept_meta = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp",

@@ -10,22 +10,36 @@ acted on, and every action is idempotent.
 
 One policy, one file. `rules.decide` asks them in this order; the first that decides ends it:
 
-| policy | file | what it decides |
-| --- | --- | --- |
-| invalid spec | `rules` | the spec does not parse: Failed (InvalidSpec), naming every field path |
-| finished, TTL | `ttl` | Succeeded/Failed are final: remaining running pods are deleted; after ttlSecondsAfterFinished the job is deleted (its children go by ownerReference GC) |
-| deadline | `deadline` | activeDeadlineSeconds since startTime: Failed (DeadlineExceeded) |
-| suspend | `suspend` | runPolicy.suspend tears the gang down, Suspended; clearing it resumes with a new plan |
-| Kueue | `queue` | a job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until Kueue admits its Workload; evicted, its gang is torn down and the quota handed back; no plan goes above the pods Kueue admitted |
-| earlier attempts | `rules`, `node_loss` | pods of an older attempt are deleted and waited for (pod names are reused, so at most one pod per index ever exists); those stranded on a lost node are force-deleted |
-| restart backoff | `restart` | after a counted restart, wait until nextAttemptTime |
-| admission | `admission` | no plan: plan the largest gang that fits, after older waiting jobs of its priority class (planning/fifo.py), create it gated and admit it; a plan not admitted yet: create what is missing, ungate every pod at once if the plan still fits, else re-plan. With Volcano or Kueue admission is theirs: no gate, no gang timeout |
-| node loss | `node_loss` | a node of the admitted gang gone, out-of-service, or not Ready past its grace: its pods force-deleted, the gang re-planned (counted only with Settings.node_lost_counts) |
-| repair | `repair` | an admitted gang not whole: finish creates and gate removals cut short; a vanished pod re-plans; pods not created within gangTimeoutSeconds re-plan |
-| outcome | `outcome` | an exit code in failOnExitCodes fails the job; another failure is a restart (`restart`); an eviction re-plans, not counted; all Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan |
-| restart | `restart` | "backoffLimit reached: fail, else restart": the one place a failure counts, attempt+1 with exponential backoff |
-| elastic | `elastic` | an elastic gang running below maxWorkers whose larger gang fits now re-plans larger (ElasticGrow, not counted); one that lost a node shrinks (ElasticShrink) |
-| rejected child | `rejection` | a child the API server refuses (422): Failed at once, naming the field |
+- invalid spec (`rules`): the spec does not parse: Failed (InvalidSpec), naming every field path
+- finished, TTL (`ttl`): Succeeded/Failed are final: remaining running pods are deleted; after
+  ttlSecondsAfterFinished the job is deleted (its children go by ownerReference GC)
+- deadline (`deadline`): activeDeadlineSeconds since startTime: Failed (DeadlineExceeded)
+- suspend (`suspend`): runPolicy.suspend tears the gang down, Suspended; clearing it resumes with a
+  new plan
+- Kueue (`queue`): a job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until
+  Kueue admits its Workload; evicted, its gang is torn down and the quota handed back; no plan goes
+  above the pods Kueue admitted
+- earlier attempts (`rules`, `node_loss`): pods of an older attempt are deleted and waited for (pod
+  names are reused, so at most one pod per index ever exists); those stranded on a lost node are
+  force-deleted
+- restart backoff (`restart`): after a counted restart, wait until nextAttemptTime
+- admission (`admission`): no plan: plan the largest gang that fits, after older waiting jobs of
+  its priority class (planning/fifo.py), create it gated and admit it; a plan not admitted yet:
+  create what is missing, ungate every pod at once if the plan still fits, else re-plan. With
+  Volcano or Kueue admission is theirs: no gate, no gang timeout
+- node loss (`node_loss`): a node of the admitted gang gone, out-of-service, or not Ready past its
+  grace: its pods force-deleted, the gang re-planned (counted only with Settings.node_lost_counts)
+- repair (`repair`): an admitted gang not whole: finish creates and gate removals cut short; a
+  vanished pod re-plans; pods not created within gangTimeoutSeconds re-plan
+- outcome (`outcome`): an exit code in failOnExitCodes fails the job; another failure is a restart
+  (`restart`); an eviction re-plans, not counted; all Succeeded is success; pods not all bound
+  within gangTimeoutSeconds re-plan
+- restart (`restart`): "backoffLimit reached: fail, else restart": the one place a failure counts,
+  attempt+1 with exponential backoff
+- elastic (`elastic`): an elastic gang running below maxWorkers whose larger gang fits now re-plans
+  larger (ElasticGrow, not counted); one that lost a node shrinks (ElasticShrink)
+- rejected child (`rejection`): a child the API server refuses (422): Failed at once, naming the
+  field
 
 A gang teardown always bumps `attempt` in the same status write that records why, before any
 pod is deleted; pods carry their attempt as a label, so "stale" is a fact anyone can check.

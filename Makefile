@@ -63,7 +63,7 @@ chart-crds:
 	rm -f charts/rlkube/crds/*.yaml
 	cp crds/*.yaml charts/rlkube/crds/
 
-# The chart's Role/ClusterRole rules are generated from rlkube.operator.rbac (the operator's needs,
+# The chart's Role/ClusterRole rules are generated from rlkube.operator.controller.rbac (the operator's needs,
 # verb by verb); a unit test fails when charts/rlkube/files/rbac.yaml is stale.
 chart-rbac: setup
 	$(PY) charts/rlkube/hack/render_rbac.py

@@ -58,9 +58,9 @@ from operator_env import POOL_LABEL, Env, Kubelet, Operator, wait_until  # noqa:
 
 from rlkube.operator import render  # noqa: E402
 from rlkube.operator.api import parse_spec  # noqa: E402
-from rlkube.operator.kubeapi import KubeAPI  # noqa: E402
-from rlkube.operator.observed import JobRef  # noqa: E402
-from rlkube.operator.placement import Placement, PodPlan  # noqa: E402
+from rlkube.operator.api.observed import JobRef  # noqa: E402
+from rlkube.operator.controller.kubeapi import KubeAPI  # noqa: E402
+from rlkube.operator.planning.placement import Placement, PodPlan  # noqa: E402
 from tests.cluster import controlplane, kwok, network, procs  # noqa: E402
 from tests.cluster.layout import Layout  # noqa: E402
 

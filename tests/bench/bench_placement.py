@@ -52,8 +52,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.placement import PlacementRequest, Unplaceable, plan_placement
+from rlkube.operator.planning.inventory import NodeInventory
+from rlkube.operator.planning.placement import PlacementRequest, Unplaceable, plan_placement
 from rlkube.runtime.contract.config import RolesSpec, device_map
 
 CLIQUE = "nvidia.com/gpu.clique"

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_placement as sim  # noqa: E402
 
-from rlkube.operator.inventory import inventory_from_objects  # noqa: E402
-from rlkube.operator.placement import Unplaceable, plan_placement  # noqa: E402
+from rlkube.operator.planning.inventory import inventory_from_objects  # noqa: E402
+from rlkube.operator.planning.placement import Unplaceable, plan_placement  # noqa: E402
 from tests.cluster import bins, controlplane, network, procs  # noqa: E402
 from tests.cluster.api import ApiError, wait_for  # noqa: E402
 from tests.cluster.layout import Layout  # noqa: E402

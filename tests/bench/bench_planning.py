@@ -8,7 +8,7 @@ jobs ahead, bounds how many jobs a second the operator can admit. Nodes: `--node
 of 8 GPUs, 8 to an NVLink clique, the first half full; jobs: bench_operator's (8 GPUs, 8 pods of 1).
 
 Two rows per case: `catalog: kept`, the operator's way (the watch-fed inventory keeps the nodes'
-planning catalog, lifecycle/catalog.py, until a node changes), and `catalog: per plan`, the cost
+planning catalog, planning/inventory.py, until a node changes), and `catalog: per plan`, the cost
 when every plan works the nodes out again (a listed inventory's fresh listing, and every plan
 before the catalog existed).
 """
@@ -28,13 +28,12 @@ sys.path.insert(0, str(REPO / "tests" / "bench"))
 from bench_operator import SPEC  # noqa: E402
 
 from rlkube.operator.api import parse_spec  # noqa: E402
-from rlkube.operator.gpu_use import InventorySnapshot  # noqa: E402
-from rlkube.operator.lifecycle import fifo  # noqa: E402
-from rlkube.operator.lifecycle.cluster import cluster_view_of, largest_plan  # noqa: E402
-from rlkube.operator.lifecycle.fifo import WaitingJob  # noqa: E402
+from rlkube.operator.planning import fifo  # noqa: E402
+from rlkube.operator.planning.cluster import cluster_view_of, largest_plan  # noqa: E402
+from rlkube.operator.planning.inventory import InventorySnapshot, WaitingJob  # noqa: E402
 
 try:  # absent before the catalog: the same run then measures the older code (per plan only)
-    from rlkube.operator.lifecycle.catalog import NodeCatalog  # noqa: E402
+    from rlkube.operator.planning.inventory import NodeCatalog  # noqa: E402
 except ImportError:
     NodeCatalog = None
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from rlkube.operator import kueue_workload as kw
+from rlkube.operator.render import kueue_workload as kw
 from tests.cluster.api import ApiError, Client
 from tests.e2e import deploy
 

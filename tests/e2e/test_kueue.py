@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkube.operator import kueue_workload as kw
+from rlkube.operator.render import kueue_workload as kw
 from tests.cluster import bins, procs
 from tests.e2e import deploy
 from tests.e2e.kueue_queues import GpuSampler, TeamQueues, admitted, running, succeeded

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rlkube.operator import rbac
+from rlkube.operator.controller import rbac
 from tests.e2e import deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlkube.operator.kubeapi import ApiError, KubeAPI
+from rlkube.operator.controller.kubeapi import ApiError, KubeAPI
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "rlkube.io_rltrainingjobs.yaml"
@@ -408,10 +408,10 @@ class Operator:
 
 
 def restricted_kubeconfig(env: Env, directory: Path) -> str:
-    """A kubeconfig for a ServiceAccount holding exactly the RBAC rules of `rlkube.operator.rbac`
+    """A kubeconfig for a ServiceAccount holding exactly the RBAC rules of `rlkube.operator.controller.rbac`
     (Role in the test namespace for the watched and operator scopes, ClusterRole for the cluster
     scope), so the operator under test proves those rules are enough. Returns its path."""
-    from rlkube.operator import rbac
+    from rlkube.operator.controller import rbac
 
     ns, sa = env.namespace, "rlkube-operator"
     api = env.api

@@ -2,7 +2,7 @@
 
 `helm lint --strict` must be clean; `helm template` output must pass the API server's
 server-side dry-run (its OpenAPI schemas, RBAC escalation checks and Pod Security admission);
-the rendered RBAC must equal rlkube.operator.rbac's rules in both watch modes, with a reason
+the rendered RBAC must equal rlkube.operator.controller.rbac's rules in both watch modes, with a reason
 above every verb; the values schema must turn bad values away naming the key.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube.operator import rbac
+from rlkube.operator.controller import rbac
 from tests.cluster import bins
 
 pytestmark = pytest.mark.integration

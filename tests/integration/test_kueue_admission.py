@@ -1,6 +1,6 @@
 """Kueue admits RLTrainingJob gangs as Workloads: real API server, real Kueue (tests/cluster/kueue.py).
 
-The Workloads are made by `rlkube.operator.kueue_workload`, the functions the operator uses, for
+The Workloads are made by `rlkube.operator.render.kueue_workload`, the functions the operator uses, for
 RLTrainingJob objects created through the API (no operator runs here: these tests pin the
 contract with Kueue). A ClusterQueue with 2 `nvidia.com/gpu` (and cpu/memory, which Kueue needs
 covered for every resource a pod requests) and a LocalQueue in the test namespace.
@@ -13,10 +13,10 @@ import json
 
 import pytest
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator.api import parse_spec
-from rlkube.operator.kubeapi import ApiError
-from rlkube.operator.observed import JobRef
+from rlkube.operator.api.observed import JobRef
+from rlkube.operator.controller.kubeapi import ApiError
+from rlkube.operator.render import kueue_workload as kw
 from tests.cluster import procs
 from tests.integration.operator_env import Env, tiny_spec, wait_until
 

@@ -12,7 +12,7 @@ import json
 import pytest
 from operator_env import Env, Kubelet, Operator, now_sec, tiny_spec, wait_until
 
-from rlkube.operator.kubeapi import ApiError
+from rlkube.operator.controller.kubeapi import ApiError
 from rlkube.runtime.contract.pod import LABEL_JOB
 
 pytestmark = pytest.mark.integration

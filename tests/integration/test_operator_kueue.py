@@ -22,7 +22,7 @@ from operator_env import (
 )
 from test_kueue_admission import Queues
 
-from rlkube.operator import kueue_workload as kw
+from rlkube.operator.render import kueue_workload as kw
 from tests.cluster import procs
 
 pytestmark = pytest.mark.integration

@@ -42,7 +42,7 @@ def env(control_plane, tmp_path_factory):
     for i in range(3):
         e.add_node(f"n{i}", gpus=4, labels={"nvidia.com/gpu.clique": f"c{i}", "topology.kubernetes.io/zone": "z"})
     kubelet = Kubelet(e).start()
-    # The operator runs as a ServiceAccount with exactly the rules of rlkube.operator.rbac.
+    # The operator runs as a ServiceAccount with exactly the rules of rlkube.operator.controller.rbac.
     kubeconfig = restricted_kubeconfig(e, tmp_path_factory.mktemp("operator-rbac"))
     operator = Operator(e, tmp_path_factory.mktemp("operator-logs"), kubeconfig=kubeconfig).start()
     operator.wait_ready()

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlkube.operator import api
-from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.observed import JobRef
-from rlkube.operator.placement import plan_placement, request_from_spec
+from rlkube.operator.api.observed import JobRef
+from rlkube.operator.planning.inventory import NodeInventory
+from rlkube.operator.planning.placement import plan_placement, request_from_spec
 from rlkube.operator.render import render
 from tests.cluster.api import ApiError
 from tests.integration.operator_env import Env

@@ -3,7 +3,7 @@
 It applies the schema's defaults, then checks the structural schema (types, bounds, enums,
 patterns, list types, unknown fields as `kubectl --validate=strict` reports them) and evaluates
 the `x-kubernetes-validations` CEL rules. The CEL evaluator covers only the subset of CEL that
-`rlkube.operator.crd` emits (has(), member access, && || ! ?:, comparisons, + - * / %, `in`,
+`rlkube.operator.api.crd` emits (has(), member access, && || ! ?:, comparisons, + - * / %, `in`,
 string, int and double literals, and the all/exists/exists_one macros); it raises on anything
 else, so a rule outside the subset fails the tests instead of passing unchecked. Transition rules
 (those naming oldSelf) are skipped: they only run on update.
@@ -19,7 +19,7 @@ import functools
 import re
 from typing import Any
 
-from rlkube.operator.validation.pod import quantity_value
+from rlkube.operator.api.validation.pod import quantity_value
 
 # ---------------------------------------------------------------------------------------------
 # Defaulting and structural validation

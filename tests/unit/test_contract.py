@@ -13,9 +13,9 @@ from rltj_builders import spec
 
 from rlkube.operator import render
 from rlkube.operator.api import ProgressStatus, parse_spec
-from rlkube.operator.observed import JobRef
-from rlkube.operator.placement import Placement, PodPlan
-from rlkube.operator.status import DERIVED_PROGRESS, progress_status
+from rlkube.operator.api.observed import JobRef
+from rlkube.operator.planning.placement import Placement, PodPlan
+from rlkube.operator.render.status import DERIVED_PROGRESS, progress_status
 from rlkube.runtime.contract import pod, progress
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from crd_checker import evaluate
 
-from rlkube.operator import crd
+from rlkube.operator.api import crd
 from rlkube.runtime.contract import algorithm_settings, config, role_rules
 from rlkube.runtime.contract.config import (
     BatchingSpec,

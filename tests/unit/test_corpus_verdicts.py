@@ -15,7 +15,8 @@ from crd_checker import admit, names
 from pydantic import ValidationError
 from verdicts import RUNTIME_SECTIONS
 
-from rlkube.operator import cli, crd
+from rlkube.operator import cli
+from rlkube.operator.api import crd
 from rlkube.operator.cli import load_documents
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path

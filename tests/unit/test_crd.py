@@ -9,7 +9,8 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field
 
-from rlkube.operator import api, crd
+from rlkube.operator import api
+from rlkube.operator.api import crd
 from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]

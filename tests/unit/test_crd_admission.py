@@ -12,7 +12,8 @@ from rltj_builders import job
 from rltj_strategies import mutated_specs
 from verdicts import assert_one_verdict
 
-from rlkube.operator import api, crd
+from rlkube.operator import api
+from rlkube.operator.api import crd
 
 CRD = crd.crd_manifest()
 

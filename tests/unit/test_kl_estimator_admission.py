@@ -4,7 +4,7 @@ import pytest
 from rltj_builders import job
 from verdicts import three_verdicts
 
-from rlkube.operator import crd
+from rlkube.operator.api import crd
 
 CRD = crd.crd_manifest()
 PATH = "spec.training.klEstimator"

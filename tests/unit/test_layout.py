@@ -35,3 +35,12 @@ def test_every_source_package_is_listed_for_the_wheel():
             found.add(".".join(init.parent.relative_to(ROOT / root).parts))
     assert found - listed == set(), f"add to [tool.setuptools] packages in pyproject.toml: {sorted(found - listed)}"
     assert listed - found == set(), f"listed in pyproject.toml but not a package: {sorted(listed - found)}"
+
+
+def test_the_operators_top_level_holds_only_its_entry_points():
+    # The operator's code lives in folders that are its layers (api, planning, render,
+    # lifecycle, controller; import-linter holds their order); the top keeps the entry points.
+    top = sorted(p.name for p in (ROOT / "operator" / "rlkube" / "operator").glob("*.py"))
+    assert len(top) <= 6, f"move these into the layer folders: {top}"
+    layers = {"api", "planning", "render", "lifecycle", "controller"}
+    assert layers <= {p.name for p in (ROOT / "operator" / "rlkube" / "operator").iterdir() if p.is_dir()}

@@ -1,4 +1,4 @@
-"""The rules of `rlkube.operator.validation` that have both halves there: each Python
+"""The rules of `rlkube.operator.api.validation` that have both halves there: each Python
 check gives the same verdict as its CEL twin in the CRD, over grids wider than the corpus
 (tests/data/bad and good hold one manifest per case; test_corpus_verdicts runs them)."""
 
@@ -10,13 +10,14 @@ import pytest
 from crd_checker import admit, evaluate
 from rltj_builders import REWARD_FUNCTION, job, roles
 
-from rlkube.operator import api, crd
-from rlkube.operator.inventory import NodeInventory
-from rlkube.operator.observed import JobRef
-from rlkube.operator.placement import plan_placement, request_from_spec
+from rlkube.operator import api
+from rlkube.operator.api import crd
+from rlkube.operator.api.observed import JobRef
+from rlkube.operator.api.validation import elastic
+from rlkube.operator.api.validation.paths import RESERVED_VOLUME_NAMES, path_form_cel, path_form_problem
+from rlkube.operator.planning.inventory import NodeInventory
+from rlkube.operator.planning.placement import plan_placement, request_from_spec
 from rlkube.operator.render import render
-from rlkube.operator.validation import elastic
-from rlkube.operator.validation.paths import RESERVED_VOLUME_NAMES, path_form_cel, path_form_problem
 
 CRD = crd.crd_manifest()
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from rltj_builders import job
 
-from rlkube.operator import cli, crd
+from rlkube.operator import cli
+from rlkube.operator.api import crd
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "tests" / "data" / "bad").glob("*.yaml"))
@@ -123,7 +124,7 @@ def test_cli_import_loads_neither_kubernetes_nor_the_runtime():
 
 def test_api_and_crd_import_no_torch():
     code = (
-        "import sys, rlkube.operator.api, rlkube.operator.crd; "
+        "import sys, rlkube.operator.api, rlkube.operator.api.crd; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'kopf')); "
         "print(bad); sys.exit(bool(bad))"
     )

@@ -11,8 +11,8 @@ from crd_checker import evaluate
 from pydantic import ValidationError
 
 from rlkube.operator import api
-from rlkube.operator.validation import paths, pod, sections
-from rlkube.operator.validation.rule import Rule
+from rlkube.operator.api.validation import paths, pod, sections
+from rlkube.operator.api.validation.rule import Rule
 
 TOLERATIONS = [
     {"key": key, "operator": op, "value": value, "effect": effect, "toleration_seconds": seconds}
@@ -92,8 +92,8 @@ def test_metadata_as_the_api_server_checks_it(labels, annotations, refused):
 def test_every_integer_field_of_the_spec_refuses_an_integral_float():
     # The API server's schema check takes 2.0 for an integer; only a CEL rule reading the field
     # refuses it there, as pydantic (strict) does (tests/data/bad/*-integral-float.yaml).
-    from rlkube.operator import crd
-    from rlkube.operator.validation.sections import INTEGER_CEL
+    from rlkube.operator.api import crd
+    from rlkube.operator.api.validation.sections import INTEGER_CEL
 
     found = []
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from crd_checker import admit, names
 from pydantic import ValidationError
 
-from rlkube.operator import api, crd
+from rlkube.operator import api
+from rlkube.operator.api import crd
 from rlkube.runtime.contract.config import RuntimeConfig
 
 CRD = crd.crd_manifest()

@@ -1,4 +1,4 @@
-"""Writes the chart's RBAC data file (files/rbac.yaml) from `rlkube.operator.rbac.RULES`.
+"""Writes the chart's RBAC data file (files/rbac.yaml) from `rlkube.operator.controller.rbac.RULES`.
 
 The operator's RBAC needs live with its code, as data (verb -> why). Helm cannot run Python, so
 this script turns them into a YAML file the templates iterate over, one entry per PolicyRule
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import yaml
 
-from rlkube.operator import rbac
+from rlkube.operator.controller import rbac
 
 OUT = Path(__file__).resolve().parent.parent / "files" / "rbac.yaml"
 
 HEADER = """\
-# Generated from operator/rlkube/operator/rbac.py by `make chart-rbac`; do not edit by hand.
+# Generated from operator/rlkube/operator/controller/rbac.py by `make chart-rbac`; do not edit by hand.
 # Each rule lists its verbs with the reason the operator needs them; the templates print the
 # reason as a comment above the verb in the rendered Role/ClusterRole.
 """

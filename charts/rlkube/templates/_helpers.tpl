@@ -46,7 +46,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if empty .Values.watchNamespaces -}}true{{- end -}}
 {{- end -}}
 
-{{/* PolicyRules from files/rbac.yaml (generated from rlkube.operator.rbac), each verb under a
+{{/* PolicyRules from files/rbac.yaml (generated from rlkube.operator.controller.rbac), each verb under a
      comment saying why the operator needs it. Call with (list $ "<section>"). */}}
 {{- define "rlkube.rules" -}}
 {{- $root := index . 0 -}}

@@ -164,7 +164,7 @@ def _yaml_problem(exc: Any) -> str:
 
 
 def _crd(out_dir: str | None, check_dir: str | None) -> int:
-    from rlkube.operator import crd
+    from rlkube.operator.api import crd
 
     text = crd.crd_yaml()
     if out_dir is None and check_dir is None:

@@ -18,12 +18,12 @@ import socket
 import sys
 import uuid
 
-from rlkube.operator.cluster_state import WatchedInventory
-from rlkube.operator.kubeapi import KubeAPI
-from rlkube.operator.leader import LeaderElector
+from rlkube.operator.controller.cluster_state import WatchedInventory
+from rlkube.operator.controller.kubeapi import KubeAPI
+from rlkube.operator.controller.leader import LeaderElector
+from rlkube.operator.controller.metrics import Metrics, serve
+from rlkube.operator.controller.reconcile import Reconciler
 from rlkube.operator.lifecycle import Settings
-from rlkube.operator.metrics import Metrics, serve
-from rlkube.operator.reconcile import Reconciler
 
 logger = logging.getLogger("rlkube.operator")
 
@@ -152,8 +152,8 @@ def run(argv: list[str] | None = None) -> int:
 async def _operate(args: argparse.Namespace, api: KubeAPI, reconciler: Reconciler, metrics: Metrics) -> None:
     import kopf
 
-    from rlkube.operator.checkpoint_sweep import sweep_loop
-    from rlkube.operator.handlers import (
+    from rlkube.operator.controller.checkpoint_sweep import sweep_loop
+    from rlkube.operator.controller.handlers import (
         WorkQueue,
         build_registry,
         follow_inventory_jobs,

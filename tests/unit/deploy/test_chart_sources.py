@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from rlkube.operator import rbac
+from rlkube.operator.controller import rbac
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "rlkube"

@@ -163,7 +163,7 @@ def test_the_alerts_the_brief_asks_for_are_there():
 def test_series_labels_the_queries_join_on_are_exported():
     # The joins `on (namespace, rltj)` need the operator's job metrics labelled so; the PodMonitor
     # puts the same labels on the runtime's (checked on the rendered chart in test_chart.py).
-    source = (REPO / "operator" / "rlkube" / "operator" / "metrics.py").read_text()
+    source = (REPO / "operator" / "rlkube" / "operator" / "controller" / "metrics.py").read_text()
     assert source.count('["namespace", "rltj"') == 2
     podmonitor = (CHART / "templates" / "podmonitor.yaml").read_text()
     assert "targetLabel: rltj" in podmonitor and "rlkube.io/pod-index" in podmonitor

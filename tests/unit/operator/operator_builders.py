@@ -9,9 +9,10 @@ import datetime as dt
 from typing import Any
 
 from rlkube.operator import lifecycle
-from rlkube.operator.observed import JobView, pod_views
-from rlkube.operator.reconcile import final_report
-from rlkube.operator.status import status_patch
+from rlkube.operator.api.observed import JobView, pod_views
+from rlkube.operator.controller.reconcile import final_report
+from rlkube.operator.planning.cluster import Cluster, cluster_view
+from rlkube.operator.render.status import status_patch
 from tests.sections import with_sections
 
 T0 = dt.datetime(2026, 12, 2, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -65,10 +66,10 @@ def node(name: str, gpus: int = 4, ready: bool = True, labels: dict | None = Non
     }
 
 
-def cluster(nodes: list[dict], pods: list[dict] = (), job_spec: Any = None) -> lifecycle.Cluster:
+def cluster(nodes: list[dict], pods: list[dict] = (), job_spec: Any = None) -> Cluster:
     from rlkube.operator.api import parse_spec
 
-    return lifecycle.cluster_view(list(nodes), list(pods), job_spec or parse_spec(spec()))
+    return cluster_view(list(nodes), list(pods), job_spec or parse_spec(spec()))
 
 
 def with_status(pod: dict, phase: str, *, node_name: str | None = None, exit_code: int | None = None,
@@ -130,8 +131,8 @@ class World:
         decision = lifecycle.decide(view, pods, now, None, progress, self.settings)
         if decision.need_cluster:
             bound = self.listing if self.listing is not None else self.bound()
-            cluster = lifecycle.cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid,
-                                             own_pods=list(self.pods.values()))
+            cluster = cluster_view(self.nodes, bound, view.spec, own_uid=view.ref.uid,
+                                   own_pods=list(self.pods.values()))
             decision = lifecycle.decide(view, pods, now, cluster, progress, self.settings)
         patch = status_patch(view.status, decision.status)
         if patch:
@@ -179,3 +180,23 @@ class World:
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
+
+
+# Short backoffs, so a test walks a restart in a few steps.
+FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
+
+
+def world(nodes: list[dict] | None = None, settings: lifecycle.Settings = FAST, **kw: Any) -> World:
+    """A job (`job(**kw)`) on nodes a and b (4 GPUs each) unless `nodes` are given."""
+    return World(job(**kw), nodes if nodes is not None else [node("a", 4), node("b", 4)], settings)
+
+
+def running_world(**kw: Any) -> World:
+    """A PPO job (4 pods of 1 GPU) admitted, bound and running at t=3."""
+    w = world(**kw)
+    w.step(at(0))            # plan + create
+    w.step(at(1))            # admit (ungate)
+    w.bind_all()
+    w.step(at(3))            # running
+    assert w.status["phase"] == "Running", w.status
+    return w

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from operator_builders import UID, World, at, job, node
 
-from rlkube.operator import cleanup, lifecycle
-from rlkube.operator.observed import JobRef, format_time
-from rlkube.operator.render import checkpoint_host_path
+from rlkube.operator import lifecycle
+from rlkube.operator.api.observed import JobRef, format_time
+from rlkube.operator.render import checkpoint_host_path, cleanup
 
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 FAST = lifecycle.Settings(unschedulable_retry_seconds=15, node_lost_grace_seconds=60)

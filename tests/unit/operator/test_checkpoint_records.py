@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from operator_builders import UID, job
 
-from rlkube.operator import cleanup
-from rlkube.operator.checkpoint_sweep import sweep
-from rlkube.operator.observed import JobRef, JobView
-from rlkube.operator.render import checkpoint_host_path
+from rlkube.operator.api.observed import JobRef, JobView
+from rlkube.operator.controller.checkpoint_sweep import sweep
+from rlkube.operator.render import checkpoint_host_path, cleanup
 
 STATUS = {"checkpointNodes": ["a"], "placement": {"pods": [{"index": 0, "node": "b"}]}}
 

@@ -1,5 +1,6 @@
-"""The watch-fed GPU inventory (cluster_state.py, gpu_use.py, watch.py): events applied, a stale
-watch relisted, and the operator's own plans counted before any watch shows their pods."""
+"""The watch-fed GPU inventory (controller/cluster_state.py on planning/inventory.py, fed by
+controller/watch.py): events applied, a stale watch relisted, and the operator's own plans
+counted before any watch shows their pods."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import threading
 import pytest
 from operator_builders import job, node
 
-from rlkube.operator import cluster_state, lifecycle, render
+from rlkube.operator import lifecycle, render
 from rlkube.operator.api import parse_spec
-from rlkube.operator.cluster_state import ListedInventory, PodStore, WatchedInventory
-from rlkube.operator.gpu_use import pod_use
-from rlkube.operator.kubeapi import ApiError, KubeAPI
-from rlkube.operator.lifecycle.cluster import cluster_view_of
-from rlkube.operator.observed import GANG_GATE
-from rlkube.operator.reconcile import Reconciler
-from rlkube.operator.watch import Reflector
+from rlkube.operator.api.observed import GANG_GATE
+from rlkube.operator.controller import cluster_state
+from rlkube.operator.controller.cluster_state import ListedInventory, PodStore, WatchedInventory
+from rlkube.operator.controller.kubeapi import ApiError, KubeAPI
+from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.controller.watch import Reflector
+from rlkube.operator.planning.cluster import cluster_view_of
+from rlkube.operator.planning.inventory import pod_use
 
 GPU = "nvidia.com/gpu"
 
@@ -292,7 +294,7 @@ def test_kubeapi_watch_reads_events_across_chunks_and_raises_410():
 def test_rlkube_pod_events_of_the_inventory_wake_their_job_in_watched_namespaces_only():
     import asyncio
 
-    from rlkube.operator.handlers import follow_inventory_pods
+    from rlkube.operator.controller.handlers import follow_inventory_pods
 
     class Queue:
         requested: list = []
@@ -318,8 +320,8 @@ def test_rlkube_pod_events_of_the_inventory_wake_their_job_in_watched_namespaces
 def test_job_events_of_the_inventory_wake_their_job_but_not_the_echo_of_our_own_status_write():
     import asyncio
 
-    from rlkube.operator.cluster_state import JobStore
-    from rlkube.operator.handlers import follow_inventory_jobs
+    from rlkube.operator.controller.cluster_state import JobStore
+    from rlkube.operator.controller.handlers import follow_inventory_jobs
 
     def body(name: str, version: str) -> dict:
         return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}", "resourceVersion": version,
@@ -368,7 +370,7 @@ def test_job_events_of_the_inventory_wake_their_job_but_not_the_echo_of_our_own_
 
 
 def test_planning_turns_go_to_the_oldest_waiting_job_one_at_a_time():
-    from rlkube.operator.cluster_state import PlanningTurns
+    from rlkube.operator.controller.cluster_state import PlanningTurns
 
     turns, order, inside = PlanningTurns(), [], []
     holding, release = threading.Event(), threading.Event()
@@ -407,8 +409,8 @@ def test_planning_turns_go_to_the_oldest_waiting_job_one_at_a_time():
 def test_checkpoint_cleanup_pods_of_the_inventory_are_handed_to_the_reconciler_not_when_deleted():
     import asyncio
 
-    from rlkube.operator.cleanup import LABEL_CLEANUP
-    from rlkube.operator.handlers import follow_inventory_pods
+    from rlkube.operator.controller.handlers import follow_inventory_pods
+    from rlkube.operator.render.cleanup import LABEL_CLEANUP
 
     def cleanup_pod(name: str, namespace: str = "team") -> dict:
         return {"metadata": {"name": name, "namespace": namespace, "labels": {LABEL_CLEANUP: "a"}},

@@ -10,7 +10,8 @@ import yaml
 from operator_builders import World, at, job, node
 
 from rlkube.operator import lifecycle, render
-from rlkube.operator.reconcile import Reconciler
+from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.planning.cluster import cluster_view
 
 # These gangs span the two nodes: their hostPath checkpoints are declared shared (the one-node
 # rule without a shared store is tested in test_checkpoint_store.py).
@@ -145,9 +146,9 @@ def test_own_gpus_come_from_the_same_listing_as_the_inventory():
     own = [p for p in w.pods.values() if p["spec"].get("nodeName") == "a"]
     spec = w.view().spec
     other = blocker("a", 1)
-    fresh = lifecycle.cluster_view([node("a", 4)], [*own, other], spec, own_uid=w.view().ref.uid)
+    fresh = cluster_view([node("a", 4)], [*own, other], spec, own_uid=w.view().ref.uid)
     assert fresh.inventory[0].gpus_used == 3 and fresh.own_gpus == {"a": 2}
-    stale = lifecycle.cluster_view([node("a", 4)], [other], spec, own_uid=w.view().ref.uid)
+    stale = cluster_view([node("a", 4)], [other], spec, own_uid=w.view().ref.uid)
     assert stale.inventory[0].gpus_used == 1 and stale.own_gpus == {}
 
 

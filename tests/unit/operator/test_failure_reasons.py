@@ -10,9 +10,9 @@ import pytest
 from operator_builders import World, at, job, node
 
 from rlkube.operator import lifecycle
+from rlkube.operator.api.observed import PodView, pod_views
 from rlkube.operator.lifecycle.rejection import rejected
-from rlkube.operator.observed import PodView, pod_views
-from rlkube.operator.status import condition
+from rlkube.operator.render.status import condition
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
 CONFIG_ERROR = json.dumps({"error": {"exit": "config", "field": "data.source",

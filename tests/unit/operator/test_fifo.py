@@ -1,4 +1,4 @@
-"""First come, first served among waiting gangs (lifecycle/fifo.py): oldest first within a
+"""First come, first served among waiting gangs (planning/fifo.py): oldest first within a
 priority class, and the oldest waiting job's GPUs held back from younger ones."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import pytest
 from operator_builders import at, job, node
 
 from rlkube.operator import lifecycle
-from rlkube.operator.lifecycle.fifo import waiting_jobs
-from rlkube.operator.observed import JobView
-from rlkube.operator.status import condition
+from rlkube.operator.api.observed import JobView
+from rlkube.operator.planning.cluster import cluster_view
+from rlkube.operator.planning.inventory import waiting_jobs
+from rlkube.operator.render.status import condition
 
 FAST = lifecycle.Settings(unschedulable_retry_seconds=15)
 
@@ -32,7 +33,7 @@ def blocker(node_name: str, gpus: int) -> dict:
 
 def decide(obj: dict, nodes: list[dict], others: list[dict], jobs: list[dict]) -> lifecycle.Decision:
     view = JobView.from_object(obj)
-    cluster = lifecycle.cluster_view(nodes, others, view.spec, own_uid=view.ref.uid, jobs=jobs)
+    cluster = cluster_view(nodes, others, view.spec, own_uid=view.ref.uid, jobs=jobs)
     return lifecycle.decide(view, [], at(0), cluster, None, FAST)
 
 

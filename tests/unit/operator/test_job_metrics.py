@@ -8,8 +8,8 @@ import datetime as dt
 import pytest
 from prometheus_client import generate_latest
 
-from rlkube.operator.metrics import Metrics, admission_wait
-from rlkube.operator.status import pace, progress_status
+from rlkube.operator.controller.metrics import Metrics, admission_wait
+from rlkube.operator.render.status import pace, progress_status
 
 CREATED = "2026-12-02T12:00:00Z"
 

@@ -7,9 +7,9 @@ import datetime as dt
 import pytest
 from operator_builders import spec
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator.api import parse_spec
-from rlkube.operator.observed import JobRef
+from rlkube.operator.api.observed import JobRef
+from rlkube.operator.render import kueue_workload as kw
 
 T0 = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.timezone.utc)
 JOB = JobRef("tiny", "team", "u-1", labels={"kueue.x-k8s.io/queue-name": "gpu-team"})

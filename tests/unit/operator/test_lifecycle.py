@@ -1,33 +1,18 @@
-"""The lifecycle decisions (`lifecycle.decide`), table-driven on small jobs, pods and nodes, and
-properties over random histories."""
+"""The lifecycle decisions (`lifecycle.decide`) across its policies: admission, repair and the
+outcome of an admitted gang, table-driven on small jobs, pods and nodes, and properties over
+random histories. A policy of a file of its own has its own tests too (test_restart.py,
+test_deadline.py, test_ttl.py, test_suspend.py, test_elastic.py, test_node_loss.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from operator_builders import World, at, job, node, with_status
+from operator_builders import FAST, at, job, node, running_world, with_status, world
 
 from rlkube.operator import lifecycle
-from rlkube.operator.observed import JobView, pod_views
-
-FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
-
-
-def world(nodes=None, **kw) -> World:
-    return World(job(**kw), nodes if nodes is not None else [node("a", 4), node("b", 4)], FAST)
-
-
-def running_world(**kw) -> World:
-    """A PPO job (4 pods of 1 GPU) admitted, bound and running at t=3."""
-    w = world(**kw)
-    w.step(at(0))            # plan + create
-    w.step(at(1))            # admit (ungate)
-    w.bind_all()
-    w.step(at(3))            # running
-    assert w.status["phase"] == "Running", w.status
-    return w
-
+from rlkube.operator.api.observed import JobView, pod_views
+from rlkube.operator.planning.cluster import cluster_view
 
 # -- lifecycle decisions ----------------------------------------------------------------------
 
@@ -149,40 +134,6 @@ def test_a_run_that_ends_between_polls_leaves_its_final_report_in_the_status():
     assert all("progress" not in (c.get("message") or "") for c in w.status["conditions"])
 
 
-@pytest.mark.parametrize("code, phase, reason", [(3, "Failed", "ExitCode"), (4, "Failed", "ExitCode"),
-                                                 (1, "Restarting", "PodFailed"), (143, "Restarting", "PodFailed"),
-                                                 (137, "Restarting", "PodFailed")])
-def test_exit_codes(code, phase, reason):
-    w = running_world()
-    name = sorted(w.pods)[2]
-    w.set_pod(name, "Failed", exit_code=code)
-    others = sorted(n for n in w.pods if n != name)
-    d = w.step(at(5))
-    assert w.status["phase"] == phase and w.events[-1].reason == reason
-    if phase == "Failed":
-        assert w.status["completionTime"] == "2026-12-02T12:00:05Z"
-        assert sorted(d.delete) == others and list(w.pods) == [name]  # the failed pod stays for its logs
-        assert w.status["attempt"] == 0 and w.status["restarts"] == 0
-    else:
-        assert w.status["attempt"] == 1 and w.status["restarts"] == 1
-        assert w.status["nextAttemptTime"] == "2026-12-02T12:00:15Z"
-        assert not w.pods  # the whole gang goes
-
-
-def test_gang_restart_backoff_then_new_attempt_with_same_names():
-    w = running_world()
-    names = sorted(w.pods)
-    w.set_pod(names[0], "Failed", exit_code=1)
-    w.step(at(5))
-    d = w.step(at(6))
-    assert w.status["phase"] == "Restarting" and 8.9 < d.requeue_after <= 9.0 and not d.create
-    d = w.step(at(15))
-    assert d.action == "create" and sorted(w.pods) == names
-    assert {p["metadata"]["labels"]["rlkube.io/attempt"] for p in w.pods.values()} == {"1"}
-    env = {e["name"]: e.get("value") for e in w.pods[names[0]]["spec"]["containers"][0]["env"]}
-    assert env["RLKUBE_ATTEMPT"] == "1"
-
-
 def test_stale_pods_are_deleted_and_waited_for():
     w = running_world()
     stale = dict(w.pods)
@@ -196,20 +147,6 @@ def test_stale_pods_are_deleted_and_waited_for():
     w.pods = stale
     d = w.step(at(21))
     assert not d.delete and not d.create  # terminating: wait for them to go
-
-
-def test_backoff_limit_fails_the_job():
-    w = running_world(runPolicy={"backoffLimit": 1})
-    w.set_pod(sorted(w.pods)[0], "Failed", exit_code=1)
-    w.step(at(5))
-    w.step(at(15))
-    w.step(at(16))
-    w.bind_all()
-    w.step(at(17))
-    w.set_pod(sorted(w.pods)[1], "Failed", exit_code=1)
-    w.step(at(18))
-    assert w.status["phase"] == "Failed" and w.events[-1].reason == "BackoffLimitExceeded"
-    assert w.status["restarts"] == 1
 
 
 @pytest.mark.parametrize("how, reason", [("evicted", "PodDisrupted"), ("vanished", "PodLost"), ("node", "NodeLost")])
@@ -226,7 +163,7 @@ def test_disruptions_replan_without_counting(how, reason):
         # which is the "vanished" case); when the inventory is at hand, a gone node re-plans too.
         view = w.view()
         d = lifecycle.decide(view, pod_views(list(w.pods.values())), at(5),
-                             lifecycle.cluster_view(w.nodes, [], view.spec), None, FAST)
+                             cluster_view(w.nodes, [], view.spec), None, FAST)
         assert d.action == "replan" and d.events[-1].reason == reason
         return
     d = w.step(at(5))
@@ -234,55 +171,11 @@ def test_disruptions_replan_without_counting(how, reason):
     assert w.status["attempt"] == 1 and w.status["restarts"] == 0 and "nextAttemptTime" not in w.status
 
 
-def test_all_succeeded_then_ttl_deletes_the_job():
-    w = running_world(runPolicy={"ttlSecondsAfterFinished": 60})
-    for name in w.pods:
-        w.set_pod(name, "Succeeded", exit_code=0)
-    w.step(at(10))
-    assert w.status["phase"] == "Succeeded" and w.reasons()[-1] == "Succeeded"
-    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in w.status["conditions"])
-    d = w.step(at(30))
-    assert not d.delete_job and d.requeue_after == 40
-    d = w.step(at(70))
-    assert d.delete_job and w.reasons()[-1] == "TTLExpired"
-
-
 def test_some_succeeded_others_running_is_still_running():
     w = running_world()
     w.set_pod(sorted(w.pods)[0], "Succeeded", exit_code=0)
     w.step(at(10))
     assert w.status["phase"] == "Running"
-
-
-def test_suspend_tears_down_and_resume_replans():
-    w = running_world()
-    w.job["spec"]["runPolicy"] = {"suspend": True}
-    d = w.step(at(10))
-    assert w.status["phase"] == "Suspended" and len(d.delete) == 4 and w.status["attempt"] == 1
-    assert "startTime" not in w.status and "placement" not in w.status
-    w.step(at(11))
-    assert w.status["attempt"] == 1 and w.reasons().count("Suspended") == 1
-    w.job["spec"]["runPolicy"] = {"suspend": False}
-    d = w.step(at(20))
-    assert d.action == "create" and w.status["phase"] == "Scheduling"
-    assert w.reasons()[-3:] == ["Resumed", "Placed", "Admitted"]
-    suspended = next(c for c in w.status["conditions"] if c["type"] == "Suspended")
-    assert suspended["status"] == "False"
-    assert {p["metadata"]["labels"]["rlkube.io/attempt"] for p in w.pods.values()} == {"1"}
-
-
-def test_created_suspended_never_makes_pods():
-    w = world(runPolicy={"suspend": True})
-    d = w.step(at(0))
-    assert w.status["phase"] == "Suspended" and not d.create and w.status["attempt"] == 0
-
-
-def test_deadline_fails_the_job():
-    w = running_world(runPolicy={"activeDeadlineSeconds": 100})
-    d = w.step(at(50))
-    assert d.requeue_after == pytest.approx(50)
-    d = w.step(at(100))
-    assert w.status["phase"] == "Failed" and w.reasons()[-1] == "DeadlineExceeded" and len(d.delete) == 4
 
 
 def test_gang_timeout_replans_but_not_for_volcano():
@@ -310,16 +203,6 @@ def test_invalid_spec_fails_with_the_field_path():
     assert failed["reason"] == "InvalidSpec" and "spec.placement.gpusPerPod" in failed["message"]
     w.step(at(1))
     assert w.reasons() == ["InvalidSpec"]
-
-
-def test_failed_job_deletes_remaining_running_pods_and_stays_failed():
-    w = running_world()
-    names = sorted(w.pods)
-    w.set_pod(names[0], "Failed", exit_code=3)
-    d = w.step(at(5))
-    assert sorted(d.delete) == names[1:] and names[0] in w.pods
-    w.step(at(6))
-    assert w.status["phase"] == "Failed"
 
 
 # -- properties over random histories ----------------------------------------------------------
@@ -402,12 +285,12 @@ def test_unbound_pods_of_other_jobs_hold_their_planned_gpus():
     other = job(name="other")
     other["metadata"]["uid"] = "other-uid"
     view = JobView.from_object(other)
-    c = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid="other-uid")
+    c = cluster_view(nodes, [], view.spec, planned=gated, own_uid="other-uid")
     free = {n.name: n.gpus_free for n in c.inventory}
     assert free[planned_node] == 0 and sum(free.values()) == 4
     d = lifecycle.decide(view, [], at(1), c)
     assert {o["metadata"]["annotations"]["rlkube.io/planned-node"] for o in d.create if o["kind"] == "Pod"} \
         == {n for n in free if n != planned_node}
     # a job's own unbound pods do not count against it (its admission check would never pass)
-    own = lifecycle.cluster_view(nodes, [], view.spec, planned=gated, own_uid=first.view().ref.uid)
+    own = cluster_view(nodes, [], view.spec, planned=gated, own_uid=first.view().ref.uid)
     assert all(n.gpus_free == 4 for n in own.inventory)

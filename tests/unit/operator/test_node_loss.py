@@ -1,4 +1,4 @@
-"""Node loss (lifecycle/nodes.py): a node NotReady/Unknown past the grace, or tainted
+"""Node loss (lifecycle/node_loss.py): a node NotReady/Unknown past the grace, or tainted
 out-of-service, re-plans the gang away from it, force-deletes the pods stranded there, and an
 elastic gang that no longer fits shrinks."""
 
@@ -8,7 +8,7 @@ import pytest
 from operator_builders import World, at, job, node
 
 from rlkube.operator import lifecycle
-from rlkube.operator.observed import format_time, pod_views
+from rlkube.operator.api.observed import format_time, pod_views
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15,
                           node_lost_grace_seconds=60, host_path_shared=True)  # gangs span nodes

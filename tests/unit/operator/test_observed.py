@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from operator_builders import World, at, job, node, with_status
 
-from rlkube.operator.observed import GANG_GATE, JobView, PodView, gang_gate_position, gang_gated
+from rlkube.operator.api.observed import GANG_GATE, JobView, PodView, gang_gate_position, gang_gated
 
 
 def test_pod_view_reads_exit_code_gate_and_disruption():

@@ -10,7 +10,7 @@ from operator_builders import World, at, job, node
 
 from rlkube.operator import lifecycle
 from rlkube.operator.api import RLTrainingJobStatus
-from rlkube.operator.status import exported_message, outputs_status, status_patch
+from rlkube.operator.render.status import exported_message, outputs_status, status_patch
 
 FAST = lifecycle.Settings(backoff_base_seconds=10, backoff_max_seconds=40, unschedulable_retry_seconds=15)
 EXPORT = {"model": {"path": "/checkpoints/export", "step": 40}}
@@ -93,7 +93,7 @@ def test_a_lora_runs_adapter_lands_in_status_next_to_its_merged_model():
 
 
 def test_the_latest_evaluation_reaches_status_progress():
-    from rlkube.operator.status import progress_status
+    from rlkube.operator.render.status import progress_status
 
     report = {"step": 40, "evalStep": 40, "evalAccuracy": 0.75, "evalMargin": 0.3, "evalLoss": 0.5,
               "evalRewardMean": -0.25}

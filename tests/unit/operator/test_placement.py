@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rlkube.operator.inventory import NodeInventory, inventory_from_objects
-from rlkube.operator.placement import (
+from rlkube.operator.planning.inventory import NodeInventory, inventory_from_objects
+from rlkube.operator.planning.placement import (
     Placement,
     PlacementRequest,
     Unplaceable,

@@ -1,5 +1,5 @@
-"""The planning catalog (lifecycle/catalog.py) and the layouts it keeps give the very plans that
-working everything out again for each plan gives: over random clusters changed by random node
+"""The planning catalog (`NodeCatalog` of planning/inventory.py) and the layouts it keeps give the
+very plans that working everything out again for each plan gives: over random clusters changed by random node
 events, every cluster view and every plan (the older waiting jobs' held-back plans included) made
 on a catalog kept between plans equals the one made from the raw nodes with nothing kept."""
 
@@ -10,16 +10,20 @@ import random
 
 import pytest
 
-from rlkube.operator import placement as placement_module
 from rlkube.operator.api import parse_spec
-from rlkube.operator.cluster_state import NodeStore, reduce_node
-from rlkube.operator.gpu_use import InventorySnapshot
-from rlkube.operator.inventory import node_exclusion, node_inventory
-from rlkube.operator.lifecycle import fifo
-from rlkube.operator.lifecycle.catalog import node_health
-from rlkube.operator.lifecycle.cluster import cluster_view_of, largest_plan
-from rlkube.operator.lifecycle.fifo import WaitingJob
-from rlkube.operator.placement import Placement, Unplaceable
+from rlkube.operator.controller.cluster_state import NodeStore
+from rlkube.operator.planning import fifo
+from rlkube.operator.planning import placement as placement_module
+from rlkube.operator.planning.cluster import cluster_view_of, largest_plan
+from rlkube.operator.planning.inventory import (
+    InventorySnapshot,
+    WaitingJob,
+    node_exclusion,
+    node_health,
+    node_inventory,
+    reduce_node,
+)
+from rlkube.operator.planning.placement import Placement, Unplaceable
 
 CLIQUE, RACK, ZONE = "nvidia.com/gpu.clique", "rlkube.io/rack", "topology.kubernetes.io/zone"
 TAINT = {"key": "gpu-only", "value": "yes", "effect": "NoSchedule"}

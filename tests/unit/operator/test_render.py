@@ -8,8 +8,8 @@ from operator_builders import spec
 
 from rlkube.operator import render
 from rlkube.operator.api import MAX_JOB_NAME_LEN, parse_spec
-from rlkube.operator.observed import JobRef
-from rlkube.operator.placement import Placement, PodPlan
+from rlkube.operator.api.observed import JobRef
+from rlkube.operator.planning.placement import Placement, PodPlan
 from rlkube.runtime.contract.config import RuntimeConfig
 
 JOB = JobRef(name="tiny", namespace="team", uid="u-1")

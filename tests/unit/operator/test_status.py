@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from operator_builders import World, at, job, node, with_status
 
-from rlkube.operator.observed import pod_views
-from rlkube.operator.placement import Placement, PodPlan
-from rlkube.operator.status import (
+from rlkube.operator.api.observed import pod_views
+from rlkube.operator.planning.placement import Placement, PodPlan
+from rlkube.operator.render.status import (
     placement_from_status,
     placement_to_status,
     progress_status,

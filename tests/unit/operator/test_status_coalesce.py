@@ -12,9 +12,9 @@ from test_cluster_state import eight_gpu_job, synced
 from test_store_reads import CountingCluster, deliver_pods
 
 from rlkube.operator import lifecycle
-from rlkube.operator.cluster_state import WatchedInventory
-from rlkube.operator.reconcile import Reconciler
-from rlkube.operator.status import counts_only
+from rlkube.operator.controller.cluster_state import WatchedInventory
+from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.render.status import counts_only
 
 
 class WritingCluster(CountingCluster):

@@ -12,11 +12,11 @@ from operator_builders import node
 from test_cluster_state import FakeCluster, eight_gpu_job, synced
 
 from rlkube.operator import lifecycle
-from rlkube.operator.cluster_state import JobStore, WatchedInventory, reduce_job_pod
-from rlkube.operator.gpu_use import pod_use
-from rlkube.operator.kubeapi import Conflict
-from rlkube.operator.observed import PodView
-from rlkube.operator.reconcile import Reconciler
+from rlkube.operator.api.observed import PodView
+from rlkube.operator.controller.cluster_state import JobStore, WatchedInventory, reduce_job_pod
+from rlkube.operator.controller.kubeapi import Conflict
+from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.planning.inventory import pod_use
 
 
 class CountingCluster(FakeCluster):

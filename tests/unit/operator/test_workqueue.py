@@ -7,10 +7,10 @@ import threading
 import time
 import urllib.request
 
-from rlkube.operator.handlers import WorkQueue
-from rlkube.operator.kubeapi import ApiError, Conflict
+from rlkube.operator.controller.handlers import WorkQueue
+from rlkube.operator.controller.kubeapi import ApiError, Conflict
+from rlkube.operator.controller.metrics import Metrics, serve
 from rlkube.operator.lifecycle import Decision
-from rlkube.operator.metrics import Metrics, serve
 
 
 class FakeReconciler:

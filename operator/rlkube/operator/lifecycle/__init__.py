@@ -8,58 +8,55 @@ with a resourceVersion precondition, then deletes, creates, ungates), so a crash
 steps leaves a state from which the next reconcile continues: intent is recorded before it is
 acted on, and every action is idempotent.
 
-The rules, in the order they are checked:
-1. The spec does not parse: Failed (InvalidSpec), naming every field path.
-2. Succeeded/Failed are final: remaining running pods are deleted; after
-   ttlSecondsAfterFinished the job itself is deleted (its children go by ownerReference GC).
-3. activeDeadlineSeconds since startTime: Failed (DeadlineExceeded).
-4. runPolicy.suspend: the gang is torn down, Suspended. Clearing it resumes with a new plan.
-   4b. A job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until Kueue
-   admits its Workload; evicted by Kueue, its gang is torn down and the quota handed back.
-   No plan or elastic grow goes above the pods Kueue admitted (partial admission).
-5. Pods of an older attempt are deleted and waited for (pod names are reused by the next
-   attempt, so at most one pod per index ever exists; those stranded on a lost node are
-   force-deleted). Then the restart backoff is waited out.
-6. No plan for this attempt: plan (`placement.plan_placement`; an elastic job at the largest
-   pod count in [minWorkers, maxWorkers] that fits), after older waiting jobs of its priority
-   class (first come, first served). A job without checkpoint.volumeClaim gets only plans on
-   one node, unless the hostPath root is shared (Settings.host_path_shared): checkpoints in one
-   node's hostPath are not seen from another. Unplaceable: Pending (Unschedulable, naming what the nodes
-   lack: selector, taint, readiness, capacity), retried later. Placed: Service, ConfigMap and
-   pods are created, gated.
-7. Before admission: missing pods are created; once all exist, and the plan still fits the free
-   GPUs, every gate is removed at once (admission). If the plan no longer fits: re-plan.
-   With Volcano or Kueue admission is theirs: no gate, no gang timeout.
-8. After admission: an exit code in failOnExitCodes fails the job at once; another failure
-   restarts the whole gang with attempt+1 (counted against backoffLimit, exponential backoff);
-   an eviction, a vanished pod or a lost node (gone, out-of-service, or not Ready past its
-   grace; its pods force-deleted) re-plans (attempt+1, not counted); all pods
-   Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan. An elastic job
-   running below maxWorkers whose larger gang fits now re-plans (ElasticGrow, not counted).
+One policy, one file. `rules.decide` asks them in this order; the first that decides ends it:
+
+- invalid spec (`rules`): the spec does not parse: Failed (InvalidSpec), naming every field path
+- finished, TTL (`ttl`): Succeeded/Failed are final: remaining running pods are deleted; after
+  ttlSecondsAfterFinished the job is deleted (its children go by ownerReference GC)
+- deadline (`deadline`): activeDeadlineSeconds since startTime: Failed (DeadlineExceeded)
+- suspend (`suspend`): runPolicy.suspend tears the gang down, Suspended; clearing it resumes with a
+  new plan
+- Kueue (`queue`): a job labelled kueue.x-k8s.io/queue-name waits (Pending, QueuedInKueue) until
+  Kueue admits its Workload; evicted, its gang is torn down and the quota handed back; no plan goes
+  above the pods Kueue admitted
+- earlier attempts (`rules`, `node_loss`): pods of an older attempt are deleted and waited for (pod
+  names are reused, so at most one pod per index ever exists); those stranded on a lost node are
+  force-deleted
+- restart backoff (`restart`): after a counted restart, wait until nextAttemptTime
+- admission (`admission`): no plan: plan the largest gang that fits, after older waiting jobs of
+  its priority class (planning/fifo.py), create it gated and admit it; a plan not admitted yet:
+  create what is missing, ungate every pod at once if the plan still fits, else re-plan. With
+  Volcano or Kueue admission is theirs: no gate, no gang timeout
+- node loss (`node_loss`): a node of the admitted gang gone, out-of-service, or not Ready past its
+  grace: its pods force-deleted, the gang re-planned (counted only with Settings.node_lost_counts)
+- repair (`repair`): an admitted gang not whole: finish creates and gate removals cut short; a
+  vanished pod re-plans; pods not created within gangTimeoutSeconds re-plan
+- outcome (`outcome`): an exit code in failOnExitCodes fails the job; another failure is a restart
+  (`restart`); an eviction re-plans, not counted; all Succeeded is success; pods not all bound
+  within gangTimeoutSeconds re-plan
+- restart (`restart`): "backoffLimit reached: fail, else restart": the one place a failure counts,
+  attempt+1 with exponential backoff
+- elastic (`elastic`): an elastic gang running below maxWorkers whose larger gang fits now re-plans
+  larger (ElasticGrow, not counted); one that lost a node shrinks (ElasticShrink)
+- rejected child (`rejection`): a child the API server refuses (422): Failed at once, naming the
+  field
 
 A gang teardown always bumps `attempt` in the same status write that records why, before any
 pod is deleted; pods carry their attempt as a label, so "stale" is a fact anyone can check.
-
-Where each rule lives: `rules` (the entry point, rules 1-5), `queue` (4b), `admission` (6, 7), `repair` and
-`outcome` (8: an admitted gang that is not whole, then what its pods add up to), `nodes` (lost
-nodes, and why nothing fits), `fifo` (the order of waiting jobs), `rejection` (a child the API
-server refuses: Failed at once). `decider` holds the state being decided and the outcome builders
-they share; `cluster` what planning sees.
+`decider` holds the state being decided and the outcome builders every policy ends with
+(finish, fail, teardown); `decision` the `Decision` and the operator's timing settings. What
+planning sees (`planning.cluster`) and the order of waiting jobs (`planning.fifo`) are planning's.
 """
 
-from rlkube.operator.lifecycle.cluster import Cluster, cluster_view, largest_plan, plan_fits
-from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
+from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate
+from rlkube.operator.lifecycle.restart import backoff_seconds
 from rlkube.operator.lifecycle.rules import decide
 
 __all__ = [
-    "Cluster",
     "Decision",
     "Event",
     "Settings",
     "Ungate",
     "backoff_seconds",
-    "cluster_view",
     "decide",
-    "largest_plan",
-    "plan_fits",
 ]

@@ -1,22 +1,29 @@
 """Before admission: where the gang goes, and when it may start binding to nodes. Pure.
 
-Rule 6 (no plan for this attempt: plan it, create the gang and admit it in one step; older
-waiting jobs of its priority class first, lifecycle/fifo.py) and rule 7
-(a plan whose admission is not recorded yet: create the missing pods, then remove every gate at
-once if the plan still fits the free GPUs, else re-plan). With Volcano or Kueue the admission is
-theirs: rlkube sets no gate and hands the pods over as they are.
+No plan for this attempt: plan the largest gang that fits (an elastic job's, within what Kueue
+admitted), after older waiting jobs of its priority class (first come, first served,
+planning/fifo.py), then create the gang and admit it in one step. A job without
+checkpoint.volumeClaim gets only plans on one node unless the hostPath root is shared
+(Settings.host_path_shared). Unplaceable: Pending (Unschedulable, naming what the nodes lack:
+selector, taint, readiness, capacity), retried later.
+
+A plan whose admission is not recorded yet: create the missing pods, then remove every gate at
+once if the plan still fits the free GPUs, else re-plan (not counted). With Volcano or Kueue the
+admission is theirs: rlkube sets no gate and hands the pods over as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rlkube.operator import render
-from rlkube.operator.lifecycle import fifo, nodes
-from rlkube.operator.lifecycle.cluster import largest_plan, plan_fits
+from rlkube.operator.api.observed import format_time, uses_gang_gate
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
-from rlkube.operator.observed import format_time
-from rlkube.operator.placement import Unplaceable
-from rlkube.operator.status import condition
+from rlkube.operator.planning import fifo
+from rlkube.operator.planning.cluster import Cluster, largest_plan, plan_fits
+from rlkube.operator.planning.placement import Unplaceable
+from rlkube.operator.render.status import condition
 
 
 def plan_and_admit(d: Decider) -> Decision:
@@ -24,13 +31,13 @@ def plan_and_admit(d: Decider) -> Decision:
     s, job, spec = d.s, d.job, d.job.spec
     if d.cluster is None:
         return NEED_CLUSTER
-    # Older waiting jobs of the same priority class are served first (lifecycle/fifo.py).
-    layouts = d.cluster.layouts  # the nodes' topology, grouped once for every plan below (catalog.py)
+    # Older waiting jobs of the same priority class are served first (planning/fifo.py).
+    layouts = d.cluster.layouts  # the nodes' topology, grouped once for every plan below (inventory.NodeCatalog)
     free, holders = fifo.held_back(d.cluster.inventory, fifo.ahead_of(job, d.cluster.waiting),
                                    lambda older, inventory: largest_plan(older, inventory, layouts=layouts))
     placement = largest_plan(spec, free, d.settings.host_path_shared, most=d.worker_cap(), layouts=layouts)
     if isinstance(placement, Unplaceable):
-        reason = nodes.why_unplaceable(placement.reason, d.cluster, holders)
+        reason = _why_unplaceable(placement.reason, d.cluster, holders)
         old = condition(job.status, "Placed") or {}
         if old.get("reason") != "Unschedulable" or old.get("message") != reason:
             d.event("Warning", "Unschedulable", reason)
@@ -57,7 +64,7 @@ def plan_and_admit(d: Decider) -> Decision:
     # incomplete.
     s.admission_time = format_time(d.now)
     ungate = []
-    if render.uses_gang_gate(job.ref, spec):
+    if uses_gang_gate(job.ref, spec):
         ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in objects if o["kind"] == "Pod"]
     d.event("Normal", "Admitted", f"gang of {len(placement.pods)} pods fits: created and ungated together")
     return d.finish("Scheduling", "Admitted", f"creating {len(placement.pods)} pods" + d.admission_note(),
@@ -79,7 +86,7 @@ def admit(d: Decider, gang: Gang) -> Decision:
             return NEED_CLUSTER
         why = plan_fits(placement, d.cluster, spec.placement.gpus_per_pod)
         if why is not None:
-            return d.teardown("Replan", f"gang not admitted: {why}", counted=False, event_type="Normal")
+            return d.teardown("Replan", f"gang not admitted: {why}", event_type="Normal")
         s.admission_time = format_time(d.now)
         d.event("Normal", "Admitted",
                 f"all {len(gang.current)} pods exist and the plan fits: scheduling gates removed")
@@ -90,3 +97,21 @@ def admit(d: Decider, gang: Gang) -> Decision:
     # Nothing of ours gates the pods (Volcano/Kueue admit), or the gates are already off.
     s.admission_time = format_time(d.now)
     return d.finish("Scheduling", "Admitted", "pods handed to the scheduler", action="admit")
+
+
+def _why_unplaceable(reason: str, cluster: Cluster, holders: Sequence[str] = ()) -> str:
+    """The planner's reason, with what the nodes it could not use say about why: the real cause
+    is often a nodeSelector no node matches or a taint, not capacity."""
+    parts = [reason]
+    if holders:
+        parts.append(f"GPUs held for older waiting job(s) {', '.join(holders)} (first come, first served)")
+    by_why: dict[str, list[str]] = {}
+    for node, why in sorted(cluster.excluded.items()):
+        by_why.setdefault(why, []).append(node)
+    if by_why:
+        total = len(cluster.node_names)
+        shown = [f"{len(nodes)} {why} ({', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+                 for why, nodes in sorted(by_why.items(), key=lambda kv: -len(kv[1]))]
+        lead = "no node can take the pods" if not cluster.inventory else f"of {total} nodes"
+        parts.append(f"{lead}: " + "; ".join(shown))
+    return "; ".join(parts)

@@ -1,10 +1,10 @@
 """One lifecycle decision in the making: what was observed, the fields being decided, and the
 three ways a decision ends (finish in a phase, fail the job, tear the gang down). Pure.
 
-The rule modules (`rules`, `admission`, `repair`, `outcome`) read the observed facts from a
-`Decider` and end by calling one of its outcome builders, so every decision's status is
-summarized the same way and every teardown bumps the attempt in the same status write that says
-why.
+The policy modules (one file each: `admission`, `restart`, `deadline`, `ttl`, `suspend`,
+`elastic`, `node_loss`, ...) read the observed facts from a `Decider` and end by calling one of
+its outcome builders, so every decision's status is summarized the same way and every teardown
+bumps the attempt in the same status write that says why.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator import render
-from rlkube.operator.lifecycle.cluster import Cluster
-from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate, backoff_seconds
-from rlkube.operator.observed import JobView, PodView, format_time
-from rlkube.operator.placement import Placement, PodPlan
-from rlkube.operator.status import (
+from rlkube.operator.api.observed import JobView, PodView, format_time, uses_gang_gate
+from rlkube.operator.lifecycle.decision import Decision, Event, Settings, Ungate
+from rlkube.operator.planning.cluster import Cluster
+from rlkube.operator.planning.placement import Placement, PodPlan
+from rlkube.operator.render import kueue_workload as kw
+from rlkube.operator.render.status import (
     STATUS_CHECKPOINT_NODES,
     Lifecycle,
     condition,
@@ -135,7 +135,7 @@ class Decider:
             spec=spec,
             current=[by_index[plan.index] for plan in placement.pods if plan.index in by_index],
             missing=[plan for plan in placement.pods if plan.index not in by_index],
-            gated_by_us=render.uses_gang_gate(self.job.ref, spec),
+            gated_by_us=uses_gang_gate(self.job.ref, spec),
         )
 
     def active(self) -> list[PodView]:
@@ -212,19 +212,15 @@ class Decider:
         self.event("Warning", reason, message)
         return self.finish("Failed", reason, message, action="fail", delete=[p.name for p in self.active()])
 
-    def teardown(self, reason: str, message: str, counted: bool, event_type: str = "Warning") -> Decision:
-        """End this attempt: attempt+1 recorded with the reason; every pod is deleted."""
+    def teardown(self, reason: str, message: str, event_type: str = "Warning", action: str = "replan") -> Decision:
+        """End this attempt: attempt+1 recorded with the reason; every pod is deleted. Counts
+        nothing against backoffLimit: a counted restart is `restart.restart_or_fail`, which has
+        set the backoff (`nextAttemptTime`) before it calls this with action "restart"."""
         s = self.s
         s.attempt += 1
         s.placement = None
         s.admission_time = None
-        if counted:
-            s.restarts += 1
-            wait = backoff_seconds(s.restarts, self.settings)
-            s.next_attempt_time = format_time(self.now + dt.timedelta(seconds=wait))
-            message = f"{message}; restart {s.restarts}/{self.job.spec.run_policy.backoff_limit} in {wait:g}s"
-        else:
+        if action != "restart":
             s.next_attempt_time = None
         self.event(event_type, reason, message)
-        return self.finish("Restarting", reason, message, action="restart" if counted else "replan",
-                           delete=self.deletable(), requeue_after=1.0)
+        return self.finish("Restarting", reason, message, action=action, delete=self.deletable(), requeue_after=1.0)

@@ -18,7 +18,7 @@ class Settings:
     backoff_max_seconds: float = 300.0
     unschedulable_retry_seconds: float = 15.0
     # A node not Ready this long is lost: its pods are force-deleted and the gang re-planned
-    # (lifecycle/nodes.py). Kubernetes' own taint eviction waits 300 s, then waits forever for
+    # (lifecycle/node_loss.py). Kubernetes' own taint eviction waits 300 s, then waits forever for
     # the pods of an unreachable node to go.
     node_lost_grace_seconds: float = 60.0
     node_lost_counts: bool = False         # whether a node loss counts against backoffLimit
@@ -67,7 +67,3 @@ class Decision:
 # every bound pod is the expensive part of a reconcile, so it is done only on demand).
 NEED_CLUSTER = Decision(need_cluster=True, action="observe")
 
-
-def backoff_seconds(restarts: int, settings: Settings) -> float:
-    """Wait before restart number `restarts` (1-based): base, 2x base, 4x base ... capped."""
-    return min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** max(0, restarts - 1))

@@ -1,23 +1,20 @@
 """After admission: what the whole gang's pods add up to. Pure.
 
-Rule 8, checked in this order on a gang that is whole (see `repair`): an exit code in
-failOnExitCodes fails the job at once; another failure restarts the gang with attempt+1, counted
-against backoffLimit with exponential backoff; a disruption (eviction, preemption) re-plans, not
-counted; all pods Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan; all
-running is Running, and an elastic job running below maxWorkers whose larger gang fits now
-re-plans larger (ElasticGrow, not counted).
+Checked in this order on a gang that is whole (see `repair`): an exit code in failOnExitCodes
+fails the job at once; another failure ends the attempt and counts against backoffLimit
+(lifecycle/restart.py); a disruption (eviction, preemption) re-plans, not counted; all pods
+Succeeded is success; pods not all bound within gangTimeoutSeconds re-plan (GangTimeout, not
+counted); all running is Running, and an elastic job may then grow (lifecycle/elastic.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
 
-from rlkube.operator.lifecycle.cluster import largest_plan
+from rlkube.operator.api.observed import format_time, parse_time
+from rlkube.operator.lifecycle import elastic, restart
 from rlkube.operator.lifecycle.decider import Decider, Gang
-from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision
-from rlkube.operator.observed import format_time, parse_time
-from rlkube.operator.placement import Unplaceable
+from rlkube.operator.lifecycle.decision import Decision
 
 
 def judge(d: Decider, gang: Gang) -> Decision:
@@ -38,7 +35,7 @@ def judge(d: Decider, gang: Gang) -> Decision:
         left = (admitted + dt.timedelta(seconds=timeout) - d.now).total_seconds() if admitted else timeout
         if gang.gated_by_us and left <= 0:
             return d.teardown("GangTimeout", f"{len(unbound)} of {len(current)} pods not bound to a node "
-                              f"within gangTimeoutSeconds {timeout}", counted=False)
+                              f"within gangTimeoutSeconds {timeout}")
         return d.finish("Scheduling", "Admitted", f"{len(current) - len(unbound)}/{len(current)} pods bound",
                         requeue_after=max(1.0, left) if gang.gated_by_us else None)
 
@@ -48,7 +45,7 @@ def judge(d: Decider, gang: Gang) -> Decision:
         if started:
             d.event("Normal", "Running", f"all {len(current)} pods are running")
         elif all(p.phase == "Running" for p in current):
-            grown = _grow(d)
+            grown = elastic.grow(d)
             if grown is not None:
                 return grown
         return d.finish("Running", "Running", f"{len(current)} pods running{d.admission_note()}",
@@ -76,39 +73,9 @@ def _failed(d: Decider, gang: Gang) -> Decision | None:
         what = f"exited with code {p.exit_code}" if p.exit_code is not None else f"failed ({p.reason or 'no reason'})"
         if p.failure:
             what += f": {p.failure}"
-        if d.s.restarts >= policy.backoff_limit:
-            return d.fail("BackoffLimitExceeded", f"pod {p.name} {what}; backoffLimit {policy.backoff_limit} reached")
-        return d.teardown("PodFailed", f"pod {p.name} {what}", counted=True)
+        return restart.restart_or_fail(d, "PodFailed", f"pod {p.name} {what}")
     disrupted = [p for p in current if p.failed and p.disrupted]
     if disrupted:
         p = disrupted[0]
-        return d.teardown("PodDisrupted", f"pod {p.name} was disrupted ({p.reason}): re-planning", counted=False)
+        return d.teardown("PodDisrupted", f"pod {p.name} was disrupted ({p.reason}): re-planning")
     return None
-
-
-def _grow(d: Decider) -> Decision | None:
-    """An elastic job running below maxWorkers whose larger gang fits now (counting the GPUs
-    its own pods hold as free): end this attempt, not counted, so the next one is planned
-    larger. The pods get SIGTERM and checkpoint on the way out; the larger gang resumes there.
-    A job Kueue admitted partly grows no further than the admitted count."""
-    spec, placement, cap = d.job.spec, d.s.placement, d.worker_cap()
-    assert placement is not None
-    running = len(placement.pods)
-    if spec.elastic is None:
-        return None
-    if running >= (spec.elastic.max_workers if cap is None else min(cap, spec.elastic.max_workers)):
-        return None
-    if d.cluster is None:
-        return NEED_CLUSTER
-    held = d.cluster.own_gpus
-    freed = [replace(n, gpus_used=max(0, n.gpus_used - held.get(n.name, 0))) for n in d.cluster.inventory]
-    bigger = largest_plan(spec, freed, d.settings.host_path_shared, most=cap, layouts=d.cluster.layouts)
-    if isinstance(bigger, Unplaceable) or len(bigger.pods) <= running:
-        return None
-    limit = f"maxWorkers {spec.elastic.max_workers}"
-    admission = d.kueue_admission()
-    if admission is not None and admission.partial:
-        limit += f"; {admission.admission_message()}"
-    return d.teardown("ElasticGrow", f"elastic: {len(bigger.pods)} pods fit now, running with {running} "
-                      f"({limit}): restarting the gang larger from its checkpoint", counted=False,
-                      event_type="Normal")

@@ -1,4 +1,4 @@
-"""Kueue admission of a job labelled `kueue.x-k8s.io/queue-name` (rule 4b; docs/kueue.md). Pure.
+"""Kueue admission of a job labelled `kueue.x-k8s.io/queue-name` (docs/kueue.md). Pure.
 
 Checked after suspend and before anything of an attempt: a queued job gets a Workload (the gang
 as one pod set, `kueue_workload.render_workload`) and waits, phase Pending with reason
@@ -15,9 +15,9 @@ partial admission); every plan and every ElasticGrow of the job stays within the
 
 from __future__ import annotations
 
-from rlkube.operator import kueue_workload as kw
 from rlkube.operator.lifecycle.decider import Decider
 from rlkube.operator.lifecycle.decision import Decision
+from rlkube.operator.render import kueue_workload as kw
 
 QUEUED = "QueuedInKueue"
 EVICTED = "EvictedByKueue"
@@ -59,7 +59,7 @@ def _over_admission(d: Decider, state: kw.WorkloadState) -> Decision | None:
         return None
     return d.teardown("KueueAdmissionChanged", f"the gang has {planned} pods, Kueue now admits "
                       f"{state.worker_cap} ({state.admission_message()}): re-planning within the admission",
-                      counted=False, event_type="Normal")
+                      event_type="Normal")
 
 
 def _reason(d: Decider) -> str:

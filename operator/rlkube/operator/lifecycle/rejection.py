@@ -13,10 +13,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from rlkube.operator.api.observed import JobView, PodView
 from rlkube.operator.lifecycle.decider import AttemptState, Decider
 from rlkube.operator.lifecycle.decision import Decision, Settings
-from rlkube.operator.observed import JobView, PodView
-from rlkube.operator.status import TERMINAL_PHASES
+from rlkube.operator.render.status import TERMINAL_PHASES
 
 REASON = "CreateRejected"
 

@@ -4,7 +4,7 @@ Admission is recorded before it is acted on, so an operator that stopped half-wa
 admitted gang with pods not yet created or gates not yet removed: those steps are finished here,
 since the decision to admit was made and written already; pods that still cannot be created
 after gangTimeoutSeconds end the attempt (GangTimeout). A pod that vanished after it started, or
-a lost node (gone, out-of-service, or not Ready past its grace: lifecycle/nodes.py), cannot be
+a lost node (gone, out-of-service, or not Ready past its grace: lifecycle/node_loss.py), cannot be
 repaired in place: the gang is re-planned (attempt+1, not counted against backoffLimit).
 """
 
@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlkube.operator import render
-from rlkube.operator.lifecycle import nodes, outcome
+from rlkube.operator.api.observed import parse_time
+from rlkube.operator.lifecycle import node_loss, outcome
 from rlkube.operator.lifecycle.decider import Decider, Gang
 from rlkube.operator.lifecycle.decision import Decision, Ungate
-from rlkube.operator.observed import parse_time
 
 
 def repair(d: Decider, gang: Gang) -> Decision | None:
     """The step that makes the admitted gang whole again, or None when it is whole."""
-    lost = nodes.node_loss(d, gang)
+    lost = node_loss.node_loss(d, gang)
     if isinstance(lost, Decision):
         return lost
     repaired = _repair(d, gang)
@@ -48,7 +48,7 @@ def _repair(d: Decider, gang: Gang) -> Decision | None:
             return d.finish("Scheduling", "Admitted", f"creating {len(gang.missing)} missing pods",
                             action="create", create=objects + pods, ungate=ungate)
         names = ", ".join(d.pod_names()[plan.index] for plan in gang.missing)
-        return d.teardown("PodLost", f"pod(s) {names} vanished after admission", counted=False)
+        return d.teardown("PodLost", f"pod(s) {names} vanished after admission")
 
     still_gated = gang.gated
     if gang.gated_by_us and still_gated:
@@ -68,5 +68,4 @@ def _gang_timed_out(d: Decider, gang: Gang) -> Decision | None:
     if admitted is None or (d.now - admitted).total_seconds() < timeout:
         return None
     names = ", ".join(d.pod_names()[plan.index] for plan in gang.missing)
-    return d.teardown("GangTimeout", f"pod(s) {names} not created within gangTimeoutSeconds {timeout}",
-                      counted=False)
+    return d.teardown("GangTimeout", f"pod(s) {names} not created within gangTimeoutSeconds {timeout}")

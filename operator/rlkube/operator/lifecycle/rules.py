@@ -1,25 +1,34 @@
-"""The lifecycle's entry point and the rules about the job as a whole. Pure.
+"""The lifecycle's entry point: the order in which the policies are asked. Pure.
 
-`decide` checks rules 1-5 of the package docstring here (invalid spec, finished, deadline,
-suspend, pods of earlier attempts and the restart backoff), asks `queue` whether Kueue admitted a
-queued job, and hands the gang of this attempt to the phase it is in: `admission` (no plan, or a plan not admitted yet), then `repair` and
-`outcome` (admitted).
+`decide` fails a job whose spec does not parse, then asks, in this order: `ttl` (a finished job),
+`deadline`, `suspend`, `queue` (whether Kueue admitted a queued job), the pods of earlier attempts
+(deleted and waited for here; `node_loss` force-deletes those stranded on a lost node), `restart`
+(the backoff of the last restart), and hands the gang of this attempt to the phase it is in:
+`admission` (no plan, or a plan not admitted yet), then `repair` and `outcome` (admitted).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from rlkube.operator import kueue_workload as kw
-from rlkube.operator.lifecycle import admission, nodes, outcome, queue, repair
-from rlkube.operator.lifecycle.cluster import Cluster
+from rlkube.operator.api.observed import JobView, PodView
+from rlkube.operator.lifecycle import (
+    admission,
+    deadline,
+    node_loss,
+    outcome,
+    queue,
+    repair,
+    restart,
+    suspend,
+    ttl,
+)
 from rlkube.operator.lifecycle.decider import AttemptState, Decider
 from rlkube.operator.lifecycle.decision import Decision, Settings
-from rlkube.operator.observed import JobView, PodView, parse_time
-from rlkube.operator.status import TERMINAL_PHASES, condition
+from rlkube.operator.planning.cluster import Cluster
+from rlkube.operator.render.status import TERMINAL_PHASES
 
 
 def decide(
@@ -50,47 +59,43 @@ def _decide(d: Decider) -> Decision:
         return d.finish("Failed", "InvalidSpec", message, delete=[p.name for p in d.active()])
 
     if d.old_phase in TERMINAL_PHASES:
-        return _finished(d)
+        return ttl.finished(d)
 
-    deadline = spec.run_policy.active_deadline_seconds
-    started = parse_time(s.start_time)
-    if deadline and started is not None:
-        left = (started + dt.timedelta(seconds=deadline) - d.now).total_seconds()
-        if left <= 0:
-            return d.fail("DeadlineExceeded", f"activeDeadlineSeconds {deadline} passed since {s.start_time}")
-    else:
-        left = None
+    left = deadline.seconds_left(d)
+    if left is not None and left <= 0:
+        return deadline.exceeded(d)
 
     if spec.run_policy.suspend:
-        return _suspended(d)
-    if d.old_phase == "Suspended":
-        d.event("Normal", "Resumed", "runPolicy.suspend cleared: re-planning the gang")
+        return suspend.suspended(d)
+    suspend.note_resumed(d)
     queued = queue.admitted_or_decide(d)
     if queued is not None:
         return queued
 
     stale = [p for p in d.pods if p.attempt != s.attempt]
     if stale:
-        waiting = [p.name for p in stale if p.terminating]
-        delete = [p.name for p in stale if not p.terminating]
-        forced = nodes.stranded(d, [p for p in stale if p.terminating])  # none would ever go
-        if forced is not None:
-            return forced
-        message = f"waiting for {len(stale)} pod(s) of earlier attempts to go"
-        return d.finish("Restarting", d.kept_reason("Restarting"), message,
-                        action="delete" if delete else "wait", delete=delete,
-                        requeue_after=None if waiting and not delete else 2.0)
+        return _older_attempts(d, stale)
 
-    next_at = parse_time(s.next_attempt_time)
-    if next_at is not None and next_at > d.now:
-        wait = (next_at - d.now).total_seconds()
-        return d.finish("Restarting", d.kept_reason("Backoff"), f"next attempt at {s.next_attempt_time}",
-                        requeue_after=wait)
+    backoff = restart.wait_out(d)
+    if backoff is not None:
+        return backoff
 
     decision = _gang(d) if s.placement is not None else admission.plan_and_admit(d)
-    if left is not None and decision.requeue_after is None and decision.status is not None:
-        decision = replace(decision, requeue_after=max(1.0, left))
-    return decision
+    return deadline.wake_by_deadline(decision, left)
+
+
+def _older_attempts(d: Decider, stale: list[PodView]) -> Decision:
+    """Pods of an earlier attempt are deleted and waited for: pod names are reused by the next
+    attempt, so at most one pod per index ever exists."""
+    waiting = [p.name for p in stale if p.terminating]
+    delete = [p.name for p in stale if not p.terminating]
+    forced = node_loss.stranded(d, [p for p in stale if p.terminating])  # none would ever go
+    if forced is not None:
+        return forced
+    message = f"waiting for {len(stale)} pod(s) of earlier attempts to go"
+    return d.finish("Restarting", d.kept_reason("Restarting"), message,
+                    action="delete" if delete else "wait", delete=delete,
+                    requeue_after=None if waiting and not delete else 2.0)
 
 
 def _gang(d: Decider) -> Decision:
@@ -102,41 +107,3 @@ def _gang(d: Decider) -> Decision:
     if repaired is not None:
         return repaired
     return outcome.judge(d, gang)
-
-
-def _finished(d: Decider) -> Decision:
-    """Succeeded/Failed are final: remaining pods go; after ttlSecondsAfterFinished, the job too.
-    A queued job's Workload is marked Finished, which gives its quota back to the queue."""
-    s, spec = d.s, d.job.spec
-    cond = condition(d.job.status, s.phase) or {}
-    reason, message = str(cond.get("reason") or s.phase), str(cond.get("message") or "")
-    if d.workload is not None and not kw.observe_workload(d.workload).finished:
-        return d.finish(s.phase, reason, message, action="release", delete=[p.name for p in d.active()],
-                        workload_status=kw.finish_patch(d.workload, s.phase == "Succeeded", message or reason,
-                                                        d.now))
-    ttl = spec.run_policy.ttl_seconds_after_finished
-    done = parse_time(s.completion_time)
-    if ttl is not None and done is not None:
-        left = (done + dt.timedelta(seconds=ttl) - d.now).total_seconds()
-        if left <= 0:
-            d.event("Normal", "TTLExpired", f"ttlSecondsAfterFinished {ttl} passed: deleting the job")
-            return d.finish(s.phase, reason, message, action="delete-job", delete_job=True)
-        return d.finish(s.phase, reason, message, delete=[p.name for p in d.active()],
-                        requeue_after=max(1.0, left))
-    return d.finish(s.phase, reason, message, delete=[p.name for p in d.active()])
-
-
-def _suspended(d: Decider) -> Decision:
-    """runPolicy.suspend: the gang is torn down (attempt+1 when there was one) and stays down."""
-    s = d.s
-    if d.old_phase != "Suspended":
-        if d.pods or s.placement is not None:
-            s.attempt += 1
-        s.placement = None
-        s.admission_time = None
-        s.next_attempt_time = None
-        s.start_time = None  # activeDeadlineSeconds counts from the resume, as for a Job
-        d.event("Normal", "Suspended", "runPolicy.suspend is set: the gang's pods are stopped")
-    delete = d.deletable()
-    return d.finish("Suspended", "Suspended", "runPolicy.suspend is set",
-                    action="suspend" if delete or d.old_phase != "Suspended" else "wait", delete=delete)

@@ -1,0 +1,81 @@
+"""Rules on `spec.elastic`: the range holds the job's full size, only the actor resizes, and (PPO,
+GRPO) a mini-batch splits evenly over the actor's GPUs at every size of the range.
+
+The first three are checked in Python by `RLTrainingJobSpec._elastic_problems`; the split rule has
+both halves here. DPO and KTO deal a step's samples to the ranks by cost
+(trainers/batching.rank_shares), so any size works for them and no split rule applies.
+"""
+
+from __future__ import annotations
+
+from math import lcm
+from typing import Any
+
+from rlkube.operator.api.validation.cel import gpus_per_pod, rule, total_gpus
+from rlkube.runtime.contract.algorithm_settings import step_rows
+from rlkube.runtime.contract.config import BatchingSpec, TrainingSpec
+from rlkube.runtime.contract.spec_cel import ONLINE, mini_batches, rows
+
+# The CEL of the split rule unrolls this many sizes. A wider range can never pass: its sizes
+# include a multiple of every number up to its width, so a mini-batch splitting over all of them
+# is a multiple of lcm(1..ELASTIC_SIZES_CHECKED + 1), more rows than a step can have.
+ELASTIC_SIZES_CHECKED = 22
+
+
+def _upper_bound(model: Any, name: str) -> int:
+    return next(bound.le for bound in model.model_fields[name].metadata if getattr(bound, "le", None) is not None)
+
+
+MAX_ROWS_PER_STEP = _upper_bound(BatchingSpec, "global_batch") * _upper_bound(TrainingSpec, "group_size")
+assert lcm(*range(1, ELASTIC_SIZES_CHECKED + 2)) > MAX_ROWS_PER_STEP, "raise ELASTIC_SIZES_CHECKED"
+
+ELASTIC_SPLIT = ("elastic: a mini-batch (globalBatch x groupSize / miniBatches) must split evenly over the "
+                 "actor's GPUs (pods x gpusPerPod) at every size in [minWorkers, maxWorkers], as at full size")
+
+
+def elastic_split_problems(spec: Any) -> list[str]:
+    """PPO/GRPO elastic jobs: every size in [minWorkers, maxWorkers] splits a mini-batch evenly
+    over the actor's GPUs at that size, as the full size must: the trainer refuses a size that
+    does not when it is restarted at it."""
+    if spec.elastic is None or spec.algorithm not in ("ppo", "grpo"):
+        return []
+    rows_per_step, minis = step_rows(spec), spec.training.mini_batches
+    if rows_per_step % minis:
+        return []  # refused as training.miniBatches
+    per_pod, low, high = spec.placement.gpus_per_pod, spec.elastic.min_workers, spec.elastic.max_workers
+    uneven = [pods for pods in range(low, high + 1) if (rows_per_step // minis) % (pods * per_pod)]
+    if not uneven:
+        return []
+    shown = ", ".join(map(str, uneven[:8])) + (", ..." if len(uneven) > 8 else "")
+    return [
+        f"elastic: a mini-batch of {rows_per_step // minis} rows (globalBatch x groupSize / miniBatches) must split "
+        f"evenly over the actor's GPUs at every size in [minWorkers, maxWorkers] = [{low}, {high}] pods of "
+        f"{per_pod} GPUs, as at full size; it does not at {shown} pods (the trainer would refuse the job "
+        "when it shrinks or grows to them)"
+    ]
+
+
+def elastic_cel() -> list[dict]:
+    """CEL on the spec; the first three are the twins of RLTrainingJobSpec._elastic_problems."""
+    total, per_pod = total_gpus(), gpus_per_pod()
+    rows_cel, minis = rows(), mini_batches()
+    low, high = "self.elastic.minWorkers", "self.elastic.maxWorkers"
+    sizes = " && ".join(
+        f"({low} + {i} > {high} || ({rows_cel} / {minis}) % (({low} + {i}) * {per_pod}) == 0)"
+        for i in range(ELASTIC_SIZES_CHECKED)
+    )
+    others = " && ".join(
+        f"(!has(self.roles.{name}) || !has(self.roles.{name}.gpus) || self.roles.{name}.gpus == 0)"
+        for name in ("critic", "reward", "reference")
+    )
+    return [
+        rule(f"!has(self.elastic) || {per_pod} < 1 || {low} <= {total} / {per_pod}",
+             "elastic.minWorkers: must be <= the job's pods (total GPUs / gpusPerPod)", ".elastic"),
+        rule(f"!has(self.elastic) || {per_pod} < 1 || {high} >= {total} / {per_pod}",
+             "elastic.maxWorkers: must be >= the job's pods (total GPUs / gpusPerPod)", ".elastic"),
+        rule(f"!has(self.elastic) || {others}",
+             "elastic: only the actor's data-parallel group resizes; the other roles must "
+             "colocateWith the actor or have gpus: 0", ".elastic"),
+        rule(f"!has(self.elastic) || !{ONLINE} || {per_pod} < 1 || {rows_cel} % {minis} != 0 || "
+             f"({high} - {low} < {ELASTIC_SIZES_CHECKED} && {sizes})", ELASTIC_SPLIT, ".elastic"),
+    ]

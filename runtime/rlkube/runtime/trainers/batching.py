@@ -149,9 +149,13 @@ def equalise(plans: list[list[list[SampleCost]]]) -> list[list[list[SampleCost]]
 class AdaptiveBatcher:
     """Chooses micro-batches per step from a token budget that follows measured memory."""
 
-    def __init__(self, spec: BatchingSpec, packed: bool, min_budget: int = 1, budget: int | None = None) -> None:
+    def __init__(self, spec: BatchingSpec, packed: bool, min_budget: int = 1, budget: int | None = None,
+                 grow: bool = True) -> None:
         """`budget`: the memory plan's token budget (trainers/memory_plan.py); None where there is no
-        plan (a CPU): batching.maxTokensPerGpu, or CPU_TOKEN_BUDGET when unset."""
+        plan (a CPU): batching.maxTokensPerGpu, or CPU_TOKEN_BUDGET when unset. `grow`: False where
+        the budget was sized to leave room that most steps' peaks do not show (the RL plan's
+        checkpoint snapshot): only shrinking then."""
+        self.grow = grow
         self.spec = spec
         self.packed = packed
         self.adaptive = spec.mode == "adaptive"
@@ -192,7 +196,7 @@ class AdaptiveBatcher:
         if peak > target:
             self.budget = max(self.min_budget, int(self.budget * target / peak * 0.95))
             why = f"peak memory {peak:.0%} above target {target:.0%}"
-        elif peak < GROW_BELOW * target and not self.hold:
+        elif peak < GROW_BELOW * target and not self.hold and self.grow:
             # memory grows roughly linearly with tokens per micro-batch; move part way to the target
             factor = min(target / max(peak, 1e-3), 2.0 if (util is not None and util < 0.85) else 1.25)
             self.budget = min(self.max_budget, int(self.budget * factor))

@@ -50,7 +50,7 @@ from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.log import warn_once
-from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
+from rlkube.runtime.trainers.base import StepReport, Trainer, TrainerHooks, TrainResult, run_trainer
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
@@ -65,6 +65,8 @@ TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSecon
 
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
+
+    REPORT = StepReport(reward_mean="rewardMean", gauges={k: k for k in TIMINGS})
 
     def build(self) -> None:
         cfg, tcfg = self.config, self.config.training
@@ -165,7 +167,7 @@ class RLTrainer(Trainer):
             ahead = Prefetcher(lambda s: (s, self.rollout.prompts(s)), steps, self.config.data.prefetch)
             self._prompt_stream = self.waited(ahead)
         made_for, batch = next(self._prompt_stream)
-        assert made_for == step, (made_for, step)  # run_steps runs consecutive steps
+        assert made_for == step, (made_for, step)  # the loop runs consecutive steps
         return batch
 
     def close(self) -> None:
@@ -292,10 +294,6 @@ class RLTrainer(Trainer):
 
     def evaluate(self) -> dict:
         return self.evaluator() if self.evaluator is not None else {}
-
-    def progress_fields(self, rec: dict) -> dict:
-        return {"rewardMean": rec["rewardMean"],
-                "extra": {k: rec[k] for k in TIMINGS if isinstance(rec.get(k), (int, float))}}
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:

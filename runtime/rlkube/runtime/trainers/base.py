@@ -277,9 +277,10 @@ class Trainer:
         self.monitor.reset_peak()
         return StepRecord.from_fields(self.train_step(step, lr), self.REPORT)
 
-    def end_step(self, rec: StepRecord) -> None:
+    def end_step(self, rec: StepRecord) -> StepRecord:
         """After step `rec` and its evaluation: every rank's GPU busy window into the record, what
-        the trainer adapts from it, and on this run's first step the start-up split."""
+        the trainer adapts from it, and on this run's first step the start-up split; `rec`. (A
+        benchmark that runs steps without the loop calls `end_step(step(i))`.)"""
         window = self.busy.window()
         job = gather_busy(self.ctx, window)
         rec.gpu_utilization, rec.gpu_busy_phases = job.step_min, job.phase_means()
@@ -291,6 +292,7 @@ class Trainer:
             rec.startup_seconds = self.startup.seconds()
             rec.compile_cache = compile_cache_counts()
             self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
+        return rec
 
     @contextmanager
     def committed_on_exit(self) -> Iterator[None]:

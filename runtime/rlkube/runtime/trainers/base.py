@@ -52,8 +52,6 @@ from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
 from rlkube.runtime.trainers.reporting import ProgressReport, StepPrinter
 
-__all__ = ["StepRecord", "StepReport", "Trainer", "TrainerHooks", "TrainResult", "apply_update", "run_trainer"]
-
 
 @dataclass
 class TrainerHooks:

@@ -65,6 +65,10 @@ class StepRecord:
                    seconds=fields[SECONDS], tokens_per_second=fields[report.TOKENS_PER_SECOND],
                    mfu=fields[report.MFU], report=step_report, fields=own)
 
+    def __getitem__(self, key: str) -> Any:
+        """A field by its log-line name (KeyError where the line has none)."""
+        return self.log_line()[key]
+
     def log_line(self) -> dict[str, Any]:
         """The step's JSON log line (infra/log.emit adds the time)."""
         line = {"event": "step", report.STEP: self.step, report.LOSS: self.loss, TOKENS: self.tokens,
@@ -119,7 +123,7 @@ class TrainResult:
 
     def series(self, key: str) -> list[Any]:
         """One field of every step, by its log-line name (accuracy, rewardMean, value_loss, ...)."""
-        return [rec.log_line()[key] for rec in self.steps]
+        return [rec[key] for rec in self.steps]
 
     @property
     def evals(self) -> list[dict]:

@@ -105,7 +105,7 @@ def run_ours(args, case: dict, setting: str) -> dict:
     config = runtime_config(args, case, out, attention, compile_mode or "auto")
     trainer = DPOTrainer(config, init_from_env({"actor": [0], "reference": [0]}))
     setup = time.perf_counter() - t0
-    recs = [trainer.step(s) for s in range(args.warmup + args.steps)]
+    recs = [trainer.end_step(trainer.step(s)).log_line() for s in range(args.warmup + args.steps)]
     timed = recs[args.warmup:]
     seconds = sum(r["seconds"] for r in timed)
     tokens = sum(r["tokens"] for r in timed)

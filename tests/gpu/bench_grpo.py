@@ -102,7 +102,7 @@ def run_ours(args, texts: list[str], rollout: dict | None = None, compile_mode: 
         eos_hazard(trainer.actor.model.lm, EOS, args.eos_median)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    recs = [trainer.step(s) for s in range(args.warmup + args.steps)]
+    recs = [trainer.end_step(trainer.step(s)).log_line() for s in range(args.warmup + args.steps)]
     timed = recs[args.warmup:]
     keys = ("seconds", "generationSeconds", "scoringSeconds", "trainingSeconds", "reshardSeconds",
             "generationTokensPerSecond", "trainingTokensPerSecond", "mfu", "responseLengthMean",

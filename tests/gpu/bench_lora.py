@@ -84,7 +84,7 @@ def run_case(args, lora: bool) -> dict:
     t0 = time.perf_counter()
     trainer = DPOTrainer(config, init_from_env({"actor": [0], "reference": [0]}))
     setup = time.perf_counter() - t0
-    recs = [trainer.step(s) for s in range(args.warmup + args.steps)]
+    recs = [trainer.end_step(trainer.step(s)).log_line() for s in range(args.warmup + args.steps)]
     timed = recs[args.warmup:]
     seconds = sum(r["seconds"] for r in timed)
     reference = trainer.reference.actor if isinstance(trainer.reference, ReferenceView) else trainer.reference

@@ -153,7 +153,7 @@ def main() -> int:
         prof.stop()
         seen["stopped"] = time.perf_counter()
     wall = time.perf_counter() - t0
-    print(json.dumps({"batcherDecisions": result.batcher_decisions}))
+    print(json.dumps({"batcherDecisions": result.decisions}))
     for rec in result.records:
         if rec.get("event", "step") == "step":
             print(json.dumps({k: rec.get(k) for k in ("step", "seconds", "microBatches", "tokenBudget", "tokens",

@@ -106,15 +106,15 @@ HOLD_WRITER = textwrap.dedent(
     torch.set_num_threads(1)
     from rlkube.runtime.cli import load_config
     from rlkube.runtime.infra.errors import Terminated
-    from rlkube.runtime.trainers import loop
+    from rlkube.runtime.infra import sigterm
     from rlkube.runtime.trainers.dpo import TrainerHooks, train
 
     hold, term = int(sys.argv[2]), threading.Event()
-    handle = loop.SigtermFlag._handle
+    handle = sigterm.SigtermFlag._handle
     def noted(self, signum, frame):
         handle(self, signum, frame)
         term.set()
-    loop.SigtermFlag._handle = noted
+    sigterm.SigtermFlag._handle = noted
 
     def held(step):
         if step == hold:
@@ -180,17 +180,17 @@ HOLD_STOP_SAVE = textwrap.dedent(
     torch.set_num_threads(1)
     from rlkube.runtime.cli import load_config
     from rlkube.runtime.infra.errors import Terminated
+    from rlkube.runtime.infra import sigterm
     from rlkube.runtime.infra.sigterm import stop_while_starting
-    from rlkube.runtime.trainers import loop
     from rlkube.runtime.trainers.dpo import TrainerHooks, train
 
     stop_while_starting()
     seen = threading.Semaphore(0)
-    handle = loop.SigtermFlag._handle
+    handle = sigterm.SigtermFlag._handle
     def noted(self, signum, frame):
         handle(self, signum, frame)
         seen.release()
-    loop.SigtermFlag._handle = noted
+    sigterm.SigtermFlag._handle = noted
 
     def held(step):
         seen.acquire(timeout=300)  # the first SIGTERM, which stopped the loop

@@ -14,8 +14,8 @@ from prometheus_client import generate_latest
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.progress import Progress
+from rlkube.runtime.trainers.base import train_on_this_rank
 from rlkube.runtime.trainers.dpo import DPOTrainer
-from rlkube.runtime.trainers.loop import train_on_this_rank
 
 from .conftest import tiny_config
 from .rl_common import rl_config
@@ -59,7 +59,7 @@ def test_dpo_eval_accuracy_and_margin_rise_on_held_out_pairs(tmp_path):
     assert last["loss"] < first["loss"]
 
     progress = Progress(cfg.training.steps)
-    progress.update(**trainer.progress_with_eval(result.records[-1]))
+    progress.update(**result.steps[-1].progress_fields())
     shown = progress.snapshot()
     assert shown["evalStep"] == 12 and shown["evalAccuracy"] == last["accuracy"]
     assert shown["evalMargin"] == last["margin"] and shown["evalRewardMean"] == last["rewardMean"]

@@ -108,7 +108,7 @@ def test_injected_oom_shrinks_the_micro_batch_and_the_step_completes(reference_r
     result = train(cfg, hooks=TrainerHooks(before_micro_batch=oom_above_two))
     assert result.steps_run == 3
     assert sizes[0] == 4 and max(sizes[1:]) <= 2  # first plan: 4 pairs per micro-batch; then 2
-    assert any("out of memory" in d for d in result.batcher_decisions)
+    assert any("out of memory" in d for d in result.decisions)
     # redoing the step with smaller micro-batches is the same update (up to summation order)
     for i, loss in enumerate(result.losses, 1):
         assert loss == pytest.approx(reference_run["losses"][i], rel=1e-5), i

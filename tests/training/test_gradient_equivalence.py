@@ -133,7 +133,7 @@ def worker(rank: int, algorithm: str, cfg: dict, port: int, results) -> None:
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     grads, rec = step_gradients(algorithm, cfg)
-    results[rank] = {"grads": grads, "loss": rec["loss"]}
+    results[rank] = {"grads": grads, "loss": rec.loss}
 
 
 def two_rank_gradients(algorithm: str, cfg: dict) -> list[dict]:
@@ -164,7 +164,7 @@ def test_step_gradient_is_the_same_on_1_and_2_ranks_and_any_micro_batch(algorith
         monkeypatch.delenv(key, raising=False)
     torch.set_num_threads(1)
     whole, rec = step_gradients(algorithm, config(algorithm, str(tmp_path / "whole"), ranks=1, micro=8))
-    assert rec["loss"] is not None
+    assert rec.loss is not None
     if algorithm == "ppo":
         assert any(k.startswith("critic.") for k in whole) and any(k.startswith("actor.") for k in whole)
 
@@ -174,4 +174,4 @@ def test_step_gradient_is_the_same_on_1_and_2_ranks_and_any_micro_batch(algorith
     ranks = two_rank_gradients(algorithm, config(algorithm, str(tmp_path / "ranks"), ranks=2, micro=2))
     for rank, out in enumerate(ranks):
         assert_same(out["grads"], whole, f"{algorithm}: 2 ranks (micro-batches of 2), rank {rank}")
-        assert out["loss"] == pytest.approx(rec["loss"], rel=1e-5, abs=1e-6)  # PPO: whitened advantages, ~0
+        assert out["loss"] == pytest.approx(rec.loss, rel=1e-5, abs=1e-6)  # PPO: whitened advantages, ~0

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.trainers.base import train_on_this_rank
 from rlkube.runtime.trainers.dpo import DPOTrainer
-from rlkube.runtime.trainers.loop import train_on_this_rank
 
 from .conftest import tiny_config
 

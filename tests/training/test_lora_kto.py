@@ -27,8 +27,8 @@ def test_lora_dpo_holds_one_base_copy_and_learns(tmp_path):
     torch.set_num_threads(1)
     cfg = RuntimeConfig.model_validate(tiny_config(tmp_path / "lora", model={"lora": LORA}, training={"lr": 1e-2}))
     full_cfg = RuntimeConfig.model_validate(tiny_config(tmp_path / "full"))
+    from rlkube.runtime.trainers.base import train_on_this_rank
     from rlkube.runtime.trainers.dpo import DPOTrainer
-    from rlkube.runtime.trainers.loop import train_on_this_rank
 
     held = {}
 
@@ -57,7 +57,7 @@ def test_lora_dpo_holds_one_base_copy_and_learns(tmp_path):
     assert state and all(p.requires_grad for p in state)
     names = {id(p): n for n, p in lora_trainer.policy.named_parameters()}
     assert all("lora_" in names[id(p)] for p in state)
-    acc = result.accuracies
+    acc = result.series("accuracy")
     assert acc[0] < 0.6 and sum(acc[-4:]) / 4 > 0.85, acc
 
 
@@ -69,7 +69,7 @@ def test_lora_grpo_raises_mean_reward(tmp_path):
     # hidden state, so the lm head's rows must be large enough for that to sharpen the distribution.
     model = {"config": {**TINY_MODEL, "initializer_range": 0.2}, "lora": LORA}
     cfg = rl_config(tmp_path, "grpo", model=model, training={"lr": 3e-2, "clipHigh": 0.28})
-    rewards = train(RuntimeConfig.model_validate(cfg)).reward_means
+    rewards = train(RuntimeConfig.model_validate(cfg)).series("rewardMean")
     assert sum(rewards[:3]) / 3 < 0.2
     assert sum(rewards[-3:]) / 3 - sum(rewards[:3]) / 3 > 0.4, rewards
 

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.lora import ReferenceView
 from rlkube.runtime.engine.models import parameter_storage_bytes
-from rlkube.runtime.trainers.loop import train_on_this_rank
+from rlkube.runtime.trainers.base import train_on_this_rank
 from rlkube.runtime.trainers.rl.scoring import build_reference
 from rlkube.runtime.trainers.rl.trainer import RLTrainer
 

@@ -56,7 +56,7 @@ def test_grpo_raises_mean_reward_and_serves_it_on_progress(tmp_path):
     finally:
         stop.set()
         poller.join(5)
-    rewards = result.reward_means
+    rewards = result.series("rewardMean")
     assert len(rewards) == 20
     assert mean(rewards[:3]) < 0.2
     assert mean(rewards[-3:]) - mean(rewards[:3]) > 0.25, rewards
@@ -72,6 +72,6 @@ def test_ppo_raises_mean_reward(tmp_path):
     torch.set_num_threads(1)
     cfg = RuntimeConfig.model_validate(rl_config(tmp_path, "ppo"))
     result = train(cfg)
-    rewards = result.reward_means
+    rewards = result.series("rewardMean")
     assert mean(rewards[-3:]) - mean(rewards[:3]) > 0.2, rewards
     assert all("value_loss" in r for r in result.records)

@@ -159,7 +159,7 @@ def test_resume_with_refill_repeats_the_uninterrupted_sampled_steps(tmp_path):
     assert [s for s, _ in committed(tmp_path / "split" / "ckpt")] == [2]
     second = run("split", 4)
     assert second.first_step == 3
-    assert second.reward_means == pytest.approx(whole.reward_means[2:], rel=1e-6)
+    assert second.series("rewardMean") == pytest.approx(whole.series("rewardMean")[2:], rel=1e-6)
     assert second.losses == pytest.approx(whole.losses[2:], rel=1e-5, abs=1e-7)
 
 
@@ -177,7 +177,7 @@ def two_rank_worker(rank: int, port: int, tmp: str, results) -> None:
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from rlkube.runtime.infra.distributed import init_from_env, shutdown
-    from rlkube.runtime.trainers.loop import train_on_this_rank
+    from rlkube.runtime.trainers.base import train_on_this_rank
 
     configs = {name: two_rank_ppo(Path(tmp) / name, rollout)
                for name, rollout in (("all", {}), ("refill", {"decodeRows": 3, "refill": True}))}

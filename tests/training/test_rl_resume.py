@@ -36,8 +36,8 @@ def test_resume_from_mid_run_checkpoint_repeats_the_uninterrupted_steps(tmp_path
     assert [s for s, _ in committed(tmp_path / "split" / "ckpt")] == [2]
     second = train(config(tmp_path / "split", 4))
     assert second.first_step == 3 and second.steps_run == 2
-    assert first.reward_means == pytest.approx(whole.reward_means[:2], rel=1e-6)
-    assert second.reward_means == pytest.approx(whole.reward_means[2:], rel=1e-6)
+    assert first.series("rewardMean") == pytest.approx(whole.series("rewardMean")[:2], rel=1e-6)
+    assert second.series("rewardMean") == pytest.approx(whole.series("rewardMean")[2:], rel=1e-6)
     assert second.losses == pytest.approx(whole.losses[2:], rel=1e-5, abs=1e-7)
     critic_losses = [r["value_loss"] for r in second.records]
     assert critic_losses == pytest.approx([r["value_loss"] for r in whole.records[2:]], rel=1e-5, abs=1e-7)

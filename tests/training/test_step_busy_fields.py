@@ -16,7 +16,7 @@ from prometheus_client import generate_latest
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.gpu_busy import BusySampler
-from rlkube.runtime.trainers import loop
+from rlkube.runtime.trainers import reporting
 
 from .conftest import tiny_config
 from .rl_common import rl_config
@@ -51,12 +51,12 @@ def served(monkeypatch):
     """The Progress objects the step loop creates (rank 0's /progress and /metrics)."""
     made = []
 
-    class Captured(loop.Progress):
+    class Captured(reporting.Progress):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(loop, "Progress", Captured)
+    monkeypatch.setattr(reporting, "Progress", Captured)
     return made
 
 

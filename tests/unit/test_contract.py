@@ -162,3 +162,11 @@ def test_the_runtime_reports_every_field_and_its_attempt(monkeypatch):
 ])
 def test_field_path(loc, path):
     assert field_path(loc) == path
+
+
+def test_the_config_and_the_job_spec_take_the_registered_algorithms_in_order():
+    from rlkube.operator.api.spec_types import RLTrainingJobSpec
+    from rlkube.runtime.contract.algorithms import ALGORITHM_NAMES
+
+    for model in (RuntimeConfig, RLTrainingJobSpec):
+        assert model.model_json_schema()["properties"]["algorithm"]["enum"] == list(ALGORITHM_NAMES), model

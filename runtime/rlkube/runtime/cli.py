@@ -3,9 +3,9 @@
 `run` (and its alias `train`) reads the runtime config (a RuntimeConfig as camelCase YAML, the
 path as argument or in RLKUBE_CONFIG), validates it before anything starts — a bad config exits
 3 with the field path of every problem — and then launches (launch.py) and trains. `run(config)`
-is the in-process entry point: it picks the trainer of `config.algorithm` from `TRAINERS`
-(trainers/dpo.py, kto.py, rl/) and maps outcomes to the exit codes of the contract
-(`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
+is the in-process entry point: it picks the trainer of `config.algorithm` from the algorithms'
+registry (contract/algorithms.py: trainers/dpo.py, kto.py, rl/) and maps outcomes to the exit
+codes of the contract (`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
 
 `export` writes the Hugging Face directory of a committed checkpoint's actor (infra/export.py), on
 CPU in this one process (a LoRA actor: its adapter in DIR/adapter, and with --merge-lora the merged
@@ -24,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from rlkube.runtime.contract import failure
+from rlkube.runtime.contract.algorithms import ALGORITHMS
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path
 from rlkube.runtime.contract.model_types import model_problems
@@ -60,27 +61,16 @@ def load_config(path: str) -> RuntimeConfig:
         raise ConfigError("\n".join(format_validation_error(e, path))) from None
 
 
-# The trainer module of each algorithm, imported when a run needs it (torch and transformers load
-# only then, so `validate` and `doctor` stay fast). Each module has `train(config, ctx, hooks)`.
-TRAINERS = {
-    "dpo": "rlkube.runtime.trainers.dpo",
-    "kto": "rlkube.runtime.trainers.kto",
-    "ppo": "rlkube.runtime.trainers.rl",
-    "grpo": "rlkube.runtime.trainers.rl",
-}
-
-
 def run(config: RuntimeConfig, **kwargs):
-    """Train `config` in this process (one rank); the algorithm's result."""
-    name = TRAINERS.get(config.algorithm)
-    if name is None:
-        raise ConfigError(f"algorithm: {config.algorithm!r} has no trainer; valid: {', '.join(sorted(TRAINERS))}")
+    """Train `config` in this process (one rank) with its algorithm's trainer module
+    (contract/algorithms.py, imported only now: torch and transformers load with it, so `validate`
+    and `doctor` stay fast); the algorithm's result."""
     # Before torch loads: an unknown model type or a model directory without config.json is the
     # user's mistake (exit 3 naming the field), not a crash to retry.
     problems = model_problems(config)
     if problems:
         raise ConfigError("\n".join(problems))
-    return importlib.import_module(name).train(config, **kwargs)
+    return importlib.import_module(ALGORITHMS[config.algorithm].trainer).train(config, **kwargs)
 
 
 def config_failed(e: ConfigError) -> int:

@@ -77,3 +77,19 @@ def test_ppo_loss_clips_symmetrically_whatever_clip_high_says():
     logp.grad = None
     get_policy_loss("grpo")(logp, *args)[0].backward()
     assert logp.grad.item() == pytest.approx(-1.25)
+
+
+def test_every_algorithm_of_the_spec_has_its_trainer_and_each_online_one_its_recipe():
+    import importlib.util
+
+    from rlkube.runtime.contract.algorithms import ALGORITHMS, ONLINE_ALGORITHMS
+
+    for entry in ALGORITHMS.values():
+        assert importlib.util.find_spec(entry.trainer) is not None, entry
+        if entry.online:
+            assert rl_algorithm(entry.name).name == entry.name
+        else:
+            with pytest.raises(ValueError, match="not an RL algorithm"):
+                rl_algorithm(entry.name)
+    assert set(ONLINE_ALGORITHMS) == {"ppo", "grpo"}
+

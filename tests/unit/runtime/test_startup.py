@@ -71,7 +71,7 @@ def test_the_entry_point_imports_no_torch():
 
 
 def test_importing_the_trainers_loads_nothing_a_run_may_not_need():
-    from rlkube.runtime.cli import TRAINERS
+    from rlkube.runtime.contract.algorithms import ALGORITHMS
 
-    code = "\n".join(f"import {module}" for module in sorted(set(TRAINERS.values())))
+    code = "\n".join(f"import {module}" for module in sorted({entry.trainer for entry in ALGORITHMS.values()}))
     assert packages_after(code) & NOT_ON_THE_RUN_PATH == set()

@@ -35,6 +35,7 @@ from rlkube.operator.api.validation.rule import check
 from rlkube.operator.api.validation.rule import problems as rule_problems
 from rlkube.operator.api.validation.sections import ELASTIC
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
+from rlkube.runtime.contract.algorithms import AlgorithmName
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
     MAX_PATH_LEN,
@@ -306,7 +307,7 @@ class VolumeSpec(Spec):
 class RLTrainingJobSpec(Spec):
     """Desired state of an RL post-training run: what to train, on which GPUs, and how."""
 
-    algorithm: Literal["dpo", "kto", "ppo", "grpo"] = Field(
+    algorithm: AlgorithmName = Field(
         description="RL algorithm: dpo (preference pairs, no rollouts), kto (completions labelled "
         "desirable or not, no rollouts), ppo (critic and GAE), or grpo (group-relative advantages, no "
         "critic). Immutable."

@@ -6,7 +6,8 @@ loss is the actor's whole objective for one micro-batch. Both are registered by 
 (`register_adv_est`, `register_policy_loss`) and looked up by name, so a new variant is one
 decorated function here, not a new branch in the trainer. Loss aggregations
 (`aggregation.py`) are registered by the names training.lossAggregation takes. A recipe (`RLAlgorithm`) names the
-estimator and the loss an `algorithm` uses and says which roles and data layout it needs:
+estimator and the loss an online `algorithm` of the spec (contract/algorithms.py, where the
+algorithms are registered) uses and says which roles and data layout it needs:
 
   ppo  -> "gae" advantages (per-token rewards, values from a critic) + "ppo" clipped loss, critic
   grpo -> "grpo" group-normalised sequence advantages + "grpo" loss (clip-higher), no critic
@@ -30,6 +31,7 @@ from rlkube.runtime.algorithms.aggregation import (
 )
 from rlkube.runtime.algorithms.grpo import grpo_advantages
 from rlkube.runtime.algorithms.ppo import actor_loss, shaped_rewards
+from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
 from rlkube.runtime.contract.config import TrainingSpec
 
 # (scored rollout tensors, response mask [N, T], training settings) -> {"advantages": .., maybe "returns": ..}
@@ -166,16 +168,29 @@ class RLAlgorithm:
         return t.kl > 0 and not self.kl_in_reward(t)
 
 
-ALGORITHMS: dict[str, RLAlgorithm] = {
-    "ppo": RLAlgorithm("ppo", advantage_estimator="gae", policy_loss="ppo", critic=True, grouped=False,
-                       token_rewards=True),
-    "grpo": RLAlgorithm("grpo", advantage_estimator="grpo", policy_loss="grpo", critic=False, grouped=True,
-                        token_rewards=False),
-}
+_RECIPES: dict[str, RLAlgorithm] = {}
+
+
+def register_recipe(recipe: RLAlgorithm) -> RLAlgorithm:
+    """Register the recipe of an online algorithm of the spec (contract/algorithms.py names them)."""
+    if recipe.name not in ONLINE_ALGORITHMS:
+        raise ValueError(f"recipe {recipe.name!r} is not an online algorithm of the spec: "
+                         f"register it in contract/algorithms.py ({', '.join(ONLINE_ALGORITHMS)})")
+    return _register(_RECIPES, "RL recipe", recipe.name)(recipe)
+
+
+register_recipe(RLAlgorithm("ppo", advantage_estimator="gae", policy_loss="ppo", critic=True, grouped=False,
+                            token_rewards=True))
+register_recipe(RLAlgorithm("grpo", advantage_estimator="grpo", policy_loss="grpo", critic=False, grouped=True,
+                            token_rewards=False))
+# Every online algorithm the spec accepts has its recipe (a config could name one the trainer lacks).
+_missing = set(ONLINE_ALGORITHMS) - set(_RECIPES)
+if _missing:
+    raise ImportError(f"online algorithms without an RL recipe: {', '.join(sorted(_missing))}")
 
 
 def rl_algorithm(name: str) -> RLAlgorithm:
     """The recipe of `name`; ValueError naming the field and the valid names for anything else."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: {name!r} is not an RL algorithm; valid: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name]
+    if name not in _RECIPES:
+        raise ValueError(f"algorithm: {name!r} is not an RL algorithm; valid: {', '.join(sorted(_RECIPES))}")
+    return _RECIPES[name]

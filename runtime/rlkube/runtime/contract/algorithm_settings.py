@@ -38,6 +38,7 @@ from typing import Any, Literal, Protocol
 from pydantic.alias_generators import to_camel
 
 from rlkube.runtime.contract import role_rules
+from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
 from rlkube.runtime.contract.rollout import RolloutSpec
 from rlkube.runtime.contract.rule import Rule, problems, when
 from rlkube.runtime.contract.sections import (
@@ -70,13 +71,10 @@ class AlgorithmSettings(Protocol):
     rollout: RolloutSpec
 
 
-# Algorithms that learn from fixed preference data (DPO's pairs, KTO's labelled completions) with
-# the DPO trainer's machinery: no reward role, no rollouts, and the DPO-only fields apply to them.
-OFFLINE_ALGORITHMS = ("dpo", "kto")
-
-
 def online(spec: AlgorithmSettings) -> bool:
-    return spec.algorithm not in OFFLINE_ALGORITHMS
+    """PPO/GRPO (rollouts and a reward role); DPO/KTO learn from fixed preference data with the DPO
+    trainer's machinery: no reward role, no rollouts, and the DPO-only fields apply to them."""
+    return spec.algorithm in ONLINE_ALGORITHMS
 
 
 def step_rows(spec: AlgorithmSettings) -> int:

@@ -12,11 +12,10 @@ are errors. This module must stay importable without torch: the operator imports
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, model_validator
 
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
+from rlkube.runtime.contract.algorithms import AlgorithmName
 from rlkube.runtime.contract.rollout import RolloutSpec
 from rlkube.runtime.contract.sections import (
     EVAL_SOURCE,
@@ -47,7 +46,7 @@ __all__ = [
 class RuntimeConfig(Spec):
     """Everything one trainer process needs; rendered by the operator into /etc/rlkube/run.yaml."""
 
-    algorithm: Literal["dpo", "kto", "ppo", "grpo"] = Field(description="RL algorithm.")
+    algorithm: AlgorithmName = Field(description="RL algorithm.")
     model: ModelSpec = Field(description="The actor's model.")
     roles: RolesSpec = Field(description="Roles and their device groups.")
     data: DataSpec = Field(description="Training data.")

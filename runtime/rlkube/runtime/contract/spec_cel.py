@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkube.runtime.contract.algorithms import OFFLINE_ALGORITHMS, ONLINE_ALGORITHMS
 from rlkube.runtime.contract.sections import BatchingSpec, TrainingSpec
 
-ONLINE = "(self.algorithm == 'ppo' || self.algorithm == 'grpo')"
-OFFLINE = "(self.algorithm == 'dpo' || self.algorithm == 'kto')"
+
+def _any_of(names: tuple[str, ...]) -> str:
+    return "(" + " || ".join(f"self.algorithm == '{name}'" for name in names) + ")"
+
+
+ONLINE = _any_of(ONLINE_ALGORITHMS)  # PPO, GRPO: rollouts and a reward role
+OFFLINE = _any_of(OFFLINE_ALGORITHMS)  # DPO, KTO: fixed preference data
 
 
 def literal(value: Any) -> str:

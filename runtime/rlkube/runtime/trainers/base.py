@@ -1,4 +1,4 @@
-"""What every trainer does around its own step: one `Trainer` base for DPO, PPO and GRPO.
+"""What every trainer does around its own step: one `Trainer` base for DPO, KTO, PPO and GRPO.
 
 The base owns, so a trainer only says how it builds its data and models and what a step is:
 - set-up: the initial seed, the checkpointer (background writes: a save stages the state to host
@@ -6,45 +6,51 @@ The base owns, so a trainer only says how it builds its data and models and what
   sampler and peak FLOP/s, resume (the latest committed checkpoint into the trained modules and
   their optimizers), and the start-up clock (import, model load, first step);
 - AdamW construction with the team's settings (betas 0.9/0.95, fused on CUDA);
-- per step: the RNG reseeded from (seed, step, rank), the learning-rate schedule applied to
-  every optimizer, the peak-memory counter reset; after it, the step's GPU busy window gathered
-  from every rank into the record (gpuUtilization, gpuBusyPhases, phaseSeconds) and handed to
-  `observe` (DPO's batcher decides from it);
 - the update (`apply_update`): the non-finite-loss guard raised before the optimizer step with the
   step number, gradient clipping, the guard on the gradient norm, the optimizer step;
-- the step loop (loop.run_steps: endpoint, SIGTERM, checkpoint cadence), the result, save; the
-  in-flight checkpoint write committed before `train` returns on every path (the process group
-  is shut down only after that, so SIGTERM's exit 143 means "committed").
+- the training loop, `train`, which reads as it runs: per step the RNG reseeded from (seed, step,
+  rank), the learning-rate schedule applied to every optimizer, the trainer's step, its
+  evaluation when due (trainers/evaluation.py), the GPU busy window of every rank (which
+  `observe` adapts to: DPO's batcher), the report (trainers/reporting.py: the log line,
+  /progress, /metrics), the SIGTERM check agreed by every rank (infra/sigterm.py), the checkpoint
+  every `checkpoint.everySteps`, after the last step and after SIGTERM, the Hugging Face export
+  when due. The in-flight checkpoint write is committed before `train` returns on every path
+  (the process group is shut down only after that, so SIGTERM's exit 143 means "committed").
 
 A subclass implements `build()` (data, models, optimizers; sets `trainable` and `optimizers`),
-`train_step(step, lr)` (the step's record, its stages marked with `self.busy.phase(...)`),
-`start_event()` and `progress_fields(rec)`.
+`train_step(step, lr)` (the step's log fields, its stages marked with `self.busy.phase(...)`;
+record.StepRecord types them), `start_event()`, and says what /progress shows of its steps
+(`REPORT`).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TypeVar
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.freezing import parameter_budget
 from rlkube.runtime.infra.checkpoint import Checkpointer
-from rlkube.runtime.infra.distributed import DistContext
-from rlkube.runtime.infra.errors import NonFiniteLoss
+from rlkube.runtime.infra.distributed import DistContext, init_from_env, shutdown, tighten_timeout
+from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
 from rlkube.runtime.infra.export import Exporter, model_meta
-from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for, step_fields
-from rlkube.runtime.infra.log import log
+from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for
+from rlkube.runtime.infra.log import log, setup_logging
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
+from rlkube.runtime.infra.sigterm import SigtermFlag
 from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
 from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
 from rlkube.runtime.trainers.batching import SampleCost
-from rlkube.runtime.trainers.evaluation import eval_due, eval_progress
-from rlkube.runtime.trainers.loop import SigtermFlag, run_steps, train_on_this_rank
+from rlkube.runtime.trainers.evaluation import Evaluation
+from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
+from rlkube.runtime.trainers.reporting import ProgressReport, StepPrinter
 
 
 @dataclass
@@ -60,35 +66,6 @@ class TrainerHooks:
 
 _T = TypeVar("_T")
 _END = object()
-
-
-@dataclass
-class TrainResult:
-    """What one run of `train()` computed in this process: the step records, in order."""
-
-    steps_run: int
-    first_step: int  # 1-based number of the first step this run computed
-    records: list[dict] = field(default_factory=list)
-    batcher_decisions: list[str] = field(default_factory=list)  # DPO's adaptive batcher, in order
-
-    @property
-    def losses(self) -> list[float | None]:
-        return [r["loss"] for r in self.records]
-
-    @property
-    def accuracies(self) -> list[float]:
-        """DPO: preference accuracy of each step."""
-        return [r["accuracy"] for r in self.records]
-
-    @property
-    def evals(self) -> list[dict]:
-        """The evaluations of this run, in order (trainers/evaluation.py)."""
-        return [r["eval"] for r in self.records if "eval" in r]
-
-    @property
-    def reward_means(self) -> list[float]:
-        """PPO/GRPO: mean reward of each step's rollout."""
-        return [r["rewardMean"] for r in self.records]
 
 
 def learning_rate(config: RuntimeConfig, step: int) -> float:
@@ -108,6 +85,12 @@ def host_numbers(values: dict) -> dict:
         return dict(values)
     got = torch.stack([values[k].detach().double().reshape(()) for k in keys]).tolist()
     return {**values, **dict(zip(keys, got, strict=True))}
+
+
+def checkpoint_due(config: RuntimeConfig, done: int) -> bool:
+    """Whether the run checkpoints after `done` steps: every checkpoint.everySteps and after the
+    last step (and after SIGTERM, which the loop says itself)."""
+    return done % config.checkpoint.every_steps == 0 or done == config.training.steps
 
 
 def check_finite(value: float, step: int, what: str) -> None:
@@ -137,6 +120,9 @@ def apply_update(
 class Trainer:
     """State of one training run in one process (one rank)."""
 
+    # What /progress and /metrics show of this trainer's steps besides the common fields.
+    REPORT: ClassVar[StepReport]
+
     def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
         t0 = time.perf_counter()
         self.startup = StartupClock()
@@ -144,7 +130,6 @@ class Trainer:
         self.config, self.ctx = config, ctx
         self.hooks = hooks or TrainerHooks()
         self.busy = (self.hooks.busy_sampler or sampler_for)(ctx.device)
-        self.job_busy = JobBusy([])  # the last step's busy window, every rank's row
         self.trainable: torch.nn.Module = torch.nn.Module()  # what this rank checkpoints
         self.optimizers: list[torch.optim.Optimizer] = []
         self.checkpoint_staging = "auto"  # build() may decide from its memory plan (plan_request.staging_of)
@@ -177,17 +162,14 @@ class Trainer:
         raise NotImplementedError
 
     def train_step(self, step: int, lr: float) -> dict:
-        """Train step `step` (0-based) at learning rate `lr`; its "event": "step" record."""
+        """Train step `step` (0-based) at learning rate `lr`; its log fields, an "event": "step"
+        dict with at least step, loss, tokens, seconds, tokensPerSecond and mfu (StepRecord)."""
         raise NotImplementedError
 
     def start_event(self) -> dict:
         raise NotImplementedError
 
-    def progress_fields(self, rec: dict) -> dict:
-        """What /progress shows of a step record besides the common fields (see loop.run_steps)."""
-        raise NotImplementedError
-
-    def report(self) -> Callable[[int, dict], None] | None:
+    def step_printer(self) -> StepPrinter | None:
         """How rank 0 prints a step (None: one JSON line)."""
         return None
 
@@ -198,8 +180,9 @@ class Trainer:
     def load_trainer_state(self, state: dict) -> None:
         """Restore what `trainer_state` saved."""
 
-    def finish(self, result: TrainResult) -> None:
-        """Add what the trainer reports at the end of a run to `result`."""
+    def decisions(self) -> list[str]:
+        """What the run's adaptive batch sizing decided, in order (TrainResult.decisions)."""
+        return []
 
     def evaluate(self) -> dict:
         """The trainer's evaluation on its eval set (trainers/evaluation.py), on every rank; {}
@@ -212,7 +195,7 @@ class Trainer:
         `trainable`; None on a rank that does not hold the actor."""
         return None
 
-    def observe(self, rec: dict, job: JobBusy) -> None:
+    def observe(self, rec: StepRecord, job: JobBusy) -> None:
         """After step `rec` and its busy window `job` (every rank's): what the trainer adapts."""
 
     def close(self) -> None:
@@ -252,7 +235,38 @@ class Trainer:
             if close is not None:  # a prefetcher's thread stops with it
                 close()
 
-    def step(self, step: int) -> dict:
+    # -- the loop ------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        """Steps `start_step` .. `training.steps - 1`, then the result. Raises Terminated (exit
+        143) after checkpointing when SIGTERM arrived on any rank, NonFiniteLoss from a step."""
+        cfg, ctx = self.config, self.ctx
+        result = TrainResult(first_step=self.start_step + 1)
+        evaluation = Evaluation(cfg, self.evaluate, self.busy)
+        # parameter_budget: what partial freezing (training.trainableModules) saves, in numbers
+        start = {**self.start_event(), "startupSeconds": self.startup.seconds(), **parameter_budget(self.trainable)}
+        # Left in reverse order: the termination message, then the last save committed and the
+        # threads stopped (also after SIGTERM or a crash), then SIGTERM's handler (see SigtermFlag).
+        with SigtermFlag() as sigterm, self.committed_on_exit(), \
+                ProgressReport(cfg, ctx, self.step_printer()) as report:
+            tighten_timeout(ctx)  # start-up is over: a hang from here on becomes an exit
+            report.started(start, self.start_step)
+            for step in range(self.start_step, cfg.training.steps):
+                rec = self.step(step)
+                rec.eval = evaluation.after(rec.step)
+                self.end_step(rec)
+                result.steps.append(rec)
+                report.step(rec)
+                stop = sigterm.agreed(ctx)  # every rank stops after the same step
+                if stop or checkpoint_due(cfg, rec.step):
+                    report.checkpointed(self.save(rec.step))
+                if stop:  # a stopped run's checkpoint is exported later, if wanted
+                    raise Terminated(rec.step)
+                report.exported(self.export(rec.step))
+            report.succeeded()
+        result.decisions = self.decisions()
+        return result
+
+    def step(self, step: int) -> StepRecord:
         """Step `step` (0-based) from a state that depends only on (seed, step, rank)."""
         cfg = self.config
         torch.manual_seed((cfg.training.seed * 1_000_003 + step) * 4099 + self.ctx.rank)
@@ -261,55 +275,44 @@ class Trainer:
             for group in optimizer.param_groups:
                 group["lr"] = lr
         self.monitor.reset_peak()
-        rec = self.train_step(step, lr)
-        if eval_due(cfg, step + 1):
-            with self.busy.phase("eval"):
-                rec["eval"] = {"step": step + 1, **self.evaluate()}
+        return StepRecord.from_fields(self.train_step(step, lr), self.REPORT)
+
+    def end_step(self, rec: StepRecord) -> StepRecord:
+        """After step `rec` and its evaluation: every rank's GPU busy window into the record, what
+        the trainer adapts from it, and on this run's first step the start-up split; `rec`. (A
+        benchmark that runs steps without the loop calls `end_step(step(i))`.)"""
         window = self.busy.window()
-        self.job_busy = gather_busy(self.ctx, window)
-        rec.update(step_fields(self.job_busy, window))
-        self.observe(rec, self.job_busy)
+        job = gather_busy(self.ctx, window)
+        rec.gpu_utilization, rec.gpu_busy_phases = job.step_min, job.phase_means()
+        rec.phase_seconds = {k: round(v, 4) for k, v in window.phase_seconds.items()}
+        rec.busy_ranks = job.ranks
+        self.observe(rec, job)
         if "firstStep" not in self.startup.marks:
             self.startup.mark("firstStep")
-            rec["startupSeconds"] = self.startup.seconds()
-            cache = compile_cache_counts()
-            if cache is not None:
-                rec["compileCache"] = cache
+            rec.startup_seconds = self.startup.seconds()
+            rec.compile_cache = compile_cache_counts()
             self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
         return rec
 
-    def train(self) -> TrainResult:
-        result = TrainResult(steps_run=0, first_step=self.start_step + 1)
-
-        def one_step(i: int) -> dict:
-            rec = self.step(i)
-            result.steps_run += 1
-            result.records.append(rec)
-            return rec
-
-        # parameter_budget: what partial freezing (training.trainableModules) saves, in numbers
-        start = {**self.start_event(), "startupSeconds": self.startup.seconds(), **parameter_budget(self.trainable)}
-        with SigtermFlag() as sigterm:  # until the last save has committed (see SigtermFlag)
+    @contextmanager
+    def committed_on_exit(self) -> Iterator[None]:
+        """On the way out of `train`, however it goes: the in-flight checkpoint committed, then
+        this run's threads stopped."""
+        try:
+            yield
+        finally:
             try:
-                run_steps(self.config, self.ctx, sigterm, self.start_step, start, one_step, self.save,
-                          self.progress_with_eval, report=self.report(), busy_ranks=lambda: self.job_busy.ranks,
-                          export=self.export)
+                self.checkpointer.close()
             finally:
-                try:
-                    self.checkpointer.close()  # the last save committed, also after SIGTERM or a crash
-                finally:
-                    self.close()
-        self.finish(result)
-        return result
+                self.close()
 
-    def progress_with_eval(self, rec: dict) -> dict:
-        """`progress_fields(rec)` and, after a step that evaluated, the evaluation's fields."""
-        return {**self.progress_fields(rec), **(eval_progress(rec["eval"]) if "eval" in rec else {})}
-
-    def save(self, step: int) -> None:
+    def save(self, step: int) -> float:
+        """Checkpoint after `step` steps (collective); the seconds it held the loop."""
+        t0 = time.perf_counter()
         with self.busy.phase("checkpoint"):  # the stall: waiting for the previous write, staging
             self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state(),
                                    model_meta=self.model_meta())
+        return time.perf_counter() - t0
 
     def model_meta(self) -> dict | None:
         """What a checkpoint records of the actor's model, so `rlkube export` needs nothing else."""
@@ -317,13 +320,31 @@ class Trainer:
         return model_meta(source[0].lm, self.config.model, source[1]) if source else None
 
     def export(self, step: int) -> dict | None:
-        """The HF export after `step` steps when due; its /progress fields on rank 0."""
+        """The HF export after `step` steps when due (collective over the actor's ranks); its
+        /progress fields on rank 0."""
         source = self.export_source()
         return Exporter(self.config, self.ctx.is_main)(step, source[0] if source else None)
+
+
+def train_on_this_rank(
+    make_trainer: Callable[[RuntimeConfig, DistContext], Trainer], config: RuntimeConfig, ctx: DistContext | None
+) -> TrainResult:
+    """`make_trainer(config, ctx).train()` as this process's rank. Without `ctx` the rank joins
+    the process group from its environment here and leaves it afterwards; a caller's context is
+    the caller's to shut down."""
+    own_ctx = ctx is None
+    ctx = ctx or init_from_env(config.device_map)
+    setup_logging(ctx.rank)
+    try:
+        return make_trainer(config, ctx).train()
+    finally:
+        if own_ctx:
+            shutdown(ctx)
+            sys.stdout.flush()
 
 
 def run_trainer(
     trainer: type[Trainer], config: RuntimeConfig, ctx: DistContext | None, hooks: TrainerHooks | None
 ) -> TrainResult:
-    """`trainer(config, ctx, hooks).train()` as this process's rank (loop.train_on_this_rank)."""
+    """`trainer(config, ctx, hooks).train()` as this process's rank (train_on_this_rank)."""
     return train_on_this_rank(lambda cfg, rank_ctx: trainer(cfg, rank_ctx, hooks), config, ctx)

@@ -1,4 +1,12 @@
-"""The DPO training loop: wires data, models, batcher, checkpoints and reporting together.
+"""The preference trainer (DPO, and KTO with trainers/kto.py's objective): wires data, models,
+batcher, checkpoints and reporting together.
+
+What differs between DPO and KTO is one object, the trainer's `objective`
+(`PreferenceObjective`): the data it loads, how a micro-batch is laid out for the packer, how the
+policy's and the reference's log-probs become per-sample losses and sums, and what a step, an
+evaluation and the start event report of those sums. `DpoObjective` here is DPO's; everything
+else (the batcher, packing, prefetch, the OOM redo, the update, evaluation, checkpoints) is
+shared.
 
 One optimizer step:
   1. the step's global batch comes from the sampler (a pure function of seed and step);
@@ -29,7 +37,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -40,7 +48,7 @@ from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
 from rlkube.runtime.data.preferences import PreferenceData, load_preference_data
 from rlkube.runtime.data.prefetch import Prefetcher
 from rlkube.runtime.data.sampler import StepSampler
-from rlkube.runtime.data.tokenizer import load_tokenizer
+from rlkube.runtime.data.tokenizer import Tokenizer, load_tokenizer
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.lora import ReferenceView, add_lora
@@ -59,16 +67,22 @@ from rlkube.runtime.infra.gpu_busy import JobBusy
 from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.infra.metrics import FlopModel
 from rlkube.runtime.trainers.base import (
+    StepRecord,
+    StepReport,
     Trainer,
     TrainerHooks,
     TrainResult,
     apply_update,
     host_numbers,
-    run_trainer,
+    train_on_this_rank,
 )
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
 from rlkube.runtime.trainers.evaluation import preference_summary
 from rlkube.runtime.trainers.plan_request import plan_memory, preference_models, staging_of
+from rlkube.runtime.trainers.reporting import StepPrinter
+
+# Per-micro-batch sums of the data, besides those of every objective (PreferenceObjective.SUMS).
+DATA_SUMS = ("tokens", "scored")
 
 
 def sample_costs(data: PreferenceData) -> list[SampleCost]:
@@ -77,6 +91,89 @@ def sample_costs(data: PreferenceData) -> list[SampleCost]:
         c, r = data.seq_lengths(i)
         out.append(SampleCost(index=i, tokens=c + r, rows=2, longest=max(c, r)))
     return out
+
+
+class PreferenceObjective(Protocol):
+    """What a preference algorithm brings to the trainer (DpoObjective, kto.KtoObjective)."""
+
+    # Per-micro-batch sums (of tensors or numbers) that a step adds up and an evaluation reports;
+    # those in REDUCED are summed over ranks too (the others are job-wide already).
+    SUMS: tuple[str, ...]
+    REDUCED: tuple[str, ...]
+
+    def load(self, tokenizer: Tokenizer) -> tuple[Any, Any | None]:
+        """The training data and the eval data (None without an eval set)."""
+
+    def costs(self, data: Any) -> list[SampleCost]:
+        """Each sample's cost: what the batcher plans with."""
+
+    def pairs(self, data: Any, ids: list[int]) -> tuple[PreferenceData, list[int]]:
+        """Samples `ids` of `data` as the pairs the packer lays out (and their indices there)."""
+
+    def labelled(self, batch: TokenBatch, data: Any, ids: list[int]) -> TokenBatch:
+        """The packed micro-batch with what the loss needs besides the tokens."""
+
+    def score(self, pol: torch.Tensor, ref: torch.Tensor, batch: TokenBatch, counted: bool
+              ) -> tuple[torch.Tensor, dict]:
+        """Per-sample losses of a micro-batch from its sequences' summed log-probs under the policy
+        and the reference, and its SUMS; `counted` is False for a weight-0 padding micro-batch."""
+
+    def step_fields(self, sums: dict[str, float]) -> dict:
+        """The step's log fields of its SUMS (over the step's micro-batches, REDUCED over ranks)."""
+
+    def eval_summary(self, sums: dict[str, float]) -> dict:
+        """The evaluation's record from its SUMS over every rank's eval samples."""
+
+    def start_fields(self, data: Any) -> dict:
+        """What the start event says of the data."""
+
+
+class DpoObjective:
+    """DPO: pairs of a chosen and a rejected completion of one prompt, the per-pair loss of
+    algorithms/dpo.py (training.lossType) on their log-ratios to the reference."""
+
+    SUMS = ("pairs", "loss", "margin", "correct", "chosen")
+    REDUCED = SUMS
+
+    def __init__(self, config: RuntimeConfig, ctx: DistContext) -> None:
+        self.config, self.ctx = config, ctx
+
+    def load(self, tokenizer: Tokenizer) -> tuple[PreferenceData, PreferenceData | None]:
+        config = self.config
+
+        def load(spec):
+            return load_preference_data(spec, tokenizer, config.model.tokenizer, config.output_dir)
+
+        return split_eval(config.data, load(config.data), load)
+
+    def costs(self, data: PreferenceData) -> list[SampleCost]:
+        return sample_costs(data)
+
+    def pairs(self, data: PreferenceData, ids: list[int]) -> tuple[PreferenceData, list[int]]:
+        return data, ids
+
+    def labelled(self, batch: TokenBatch, data: PreferenceData, ids: list[int]) -> TokenBatch:
+        return batch
+
+    def score(self, pol: torch.Tensor, ref: torch.Tensor, batch: TokenBatch, counted: bool
+              ) -> tuple[torch.Tensor, dict]:
+        cfg, counts = self.config.training, batch.response_tokens
+        logps = PairLogps(pol[0::2], pol[1::2], ref[0::2], ref[1::2], counts[0::2], counts[1::2])
+        losses = pair_loss(logps, cfg.beta, cfg.loss_type)
+        s = pair_stats(logps, losses, cfg.beta)
+        return losses, {"pairs": s.pairs, "loss": s.loss_sum, "margin": s.margin_sum, "correct": s.correct,
+                        "chosen": s.chosen_reward_sum}
+
+    def step_fields(self, sums: dict[str, float]) -> dict:
+        pairs = sums["pairs"]
+        return {"accuracy": sums["correct"] / pairs, "margin": sums["margin"] / pairs,
+                "rewardChosen": sums["chosen"] / pairs}
+
+    def eval_summary(self, sums: dict[str, float]) -> dict:
+        return preference_summary(sums)
+
+    def start_fields(self, data: PreferenceData) -> dict:
+        return {"pairs": len(data)}
 
 
 def _progress_bar(step: int, total: int, rec: dict) -> None:
@@ -93,26 +190,24 @@ def _progress_bar(step: int, total: int, rec: dict) -> None:
 
 
 class DPOTrainer(Trainer):
-    """State of one DPO run in one process (one rank)."""
+    """State of one preference run (DPO, or KTO with its objective) in one process (one rank)."""
 
-    # Per-micro-batch sums run_step adds up (a subclass with other metrics names its own).
-    TOTAL_KEYS = ("pairs", "loss", "margin", "correct", "chosen", "tokens", "scored")
+    # /progress rewardMean is the chosen (desirable) completions' implicit reward.
+    REPORT = StepReport(reward_mean="rewardChosen",
+                        gauges={"accuracy": "accuracy", "margin": "reward_margin", "tokenBudget": "token_budget"})
     # (step, its prefetcher) started during the step before (start_ahead), until fetch takes it
     ahead: tuple[int, Prefetcher] | None = None
 
-    def load_data(self) -> None:
-        """The tokenizer, the training data and each sample's cost (what the batcher plans with)."""
-        config = self.config
-        self.tokenizer = load_tokenizer(config.model.tokenizer)
-        data = load_preference_data(config.data, self.tokenizer, config.model.tokenizer, config.output_dir)
-        self.data, self.eval_data = split_eval(
-            config.data, data, lambda spec: load_preference_data(spec, self.tokenizer, config.model.tokenizer,
-                                                                 config.output_dir))
-        self.costs = sample_costs(self.data)
+    def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None,
+                 objective: type[PreferenceObjective] = DpoObjective) -> None:
+        self.objective = objective(config, ctx)
+        super().__init__(config, ctx, hooks)
 
     def build(self) -> None:
         config, ctx = self.config, self.ctx
-        self.load_data()
+        self.tokenizer = load_tokenizer(config.model.tokenizer)
+        self.data, self.eval_data = self.objective.load(self.tokenizer)
+        self.costs = self.objective.costs(self.data)
         packing = config.data.packing
         lengths = None if packing or not config.data.length_bucketing else [c.longest for c in self.costs]
         try:
@@ -186,31 +281,27 @@ class DPOTrainer(Trainer):
         self.batcher.load_state_dict(state["batcher"])
 
     # -- one micro-batch -----------------------------------------------------------------
-    def collate(self, ids: list[int], data: PreferenceData | None = None) -> TokenBatch:
+    def collate(self, ids: list[int], data: Any | None = None) -> TokenBatch:
         """Samples `ids` of `data` (default: the training data) as one micro-batch."""
         tok, data = self.tokenizer, data if data is not None else self.data
+        pairs, local = self.objective.pairs(data, ids)
         if self.config.data.packing and not self.rows_per_sequence:
-            return pack_pairs(data, ids, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
-                              row_tokens=self.row_tokens, pad=tok.pad_id, multiple_of=self.row_multiple,
-                              min_width=self.row_min)
-        return pad_pairs(data, ids, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
+            batch = pack_pairs(pairs, local, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
+                               row_tokens=self.row_tokens, pad=tok.pad_id, multiple_of=self.row_multiple,
+                               min_width=self.row_min)
+        else:
+            batch = pad_pairs(pairs, local, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
+        return self.objective.labelled(batch, data, ids)
 
     def score_batch(self, batch: TokenBatch, counted: bool) -> tuple[torch.Tensor, dict]:
-        """The per-pair losses of a micro-batch and its sums (TOTAL_KEYS); `counted` is False for a
-        weight-0 padding micro-batch."""
-        cfg = self.config.training
+        """The per-sample losses of a micro-batch and its sums (the objective's SUMS and DATA_SUMS);
+        `counted` is False for a weight-0 padding micro-batch."""
         with torch.no_grad():
             ref = self.reference(batch)
         pol = self.policy(batch)
-        counts = batch.response_tokens
-        logps = PairLogps(pol[0::2], pol[1::2], ref[0::2], ref[1::2], counts[0::2], counts[1::2])
-        losses = pair_loss(logps, cfg.beta, cfg.loss_type)
-        s = pair_stats(logps, losses, cfg.beta)
-        return losses, {
-            "pairs": s.pairs, "loss": s.loss_sum, "margin": s.margin_sum, "correct": s.correct,
-            "chosen": s.chosen_reward_sum, "tokens": batch.real_tokens,
-            "scored": int(batch.target_ids.numel()), "seq_lens": batch.seq_lens,
-        }
+        losses, sums = self.objective.score(pol, ref, batch, counted)
+        return losses, {**sums, "tokens": batch.real_tokens, "scored": int(batch.target_ids.numel()),
+                        "seq_lens": batch.seq_lens}
 
     def micro_batch(self, batch: TokenBatch, scale: float) -> dict:
         losses, out = self.score_batch(batch, counted=bool(scale))
@@ -222,7 +313,7 @@ class DPOTrainer(Trainer):
         """The training loss's scoring of every eval sample, without gradients, summed over ranks."""
         if self.eval_data is None:
             return {}
-        ctx, keys = self.ctx, [k for k in self.TOTAL_KEYS if k not in ("tokens", "scored")]
+        ctx, keys = self.ctx, self.objective.SUMS
         batches = eval_micro_batches(len(self.eval_data), ctx.world_size, ctx.rank,
                                      self.config.batching.max_micro_batch)
         sums = dict.fromkeys(keys, 0.0)
@@ -233,11 +324,7 @@ class DPOTrainer(Trainer):
                 for key in keys if ids else ():
                     sums[key] += out[key]
         sums = host_numbers(sums)
-        return self.eval_summary(dict(zip(keys, all_reduce_sum(ctx, [sums[k] for k in keys]), strict=True)))
-
-    def eval_summary(self, sums: dict[str, float]) -> dict:
-        """The evaluation's record from its sums over every rank's eval samples."""
-        return preference_summary(sums)
+        return self.objective.eval_summary(dict(zip(keys, all_reduce_sum(ctx, [sums[k] for k in keys]), strict=True)))
 
     @property
     def pinned(self) -> bool:
@@ -276,7 +363,8 @@ class DPOTrainer(Trainer):
         """Forward/backward of every micro-batch of `step`, redone after an OOM."""
         while True:
             items = self.step_items(step)
-            totals: dict = {key: 0 for key in self.TOTAL_KEYS} | {"seq_lens": []}
+            keys = (*self.objective.SUMS, *DATA_SUMS)
+            totals: dict = dict.fromkeys(keys, 0) | {"seq_lens": []}
             failed: list[SampleCost] | None = None
             try:
                 for k, batch in enumerate(self.waited(self.fetch(step, items))):
@@ -293,7 +381,7 @@ class DPOTrainer(Trainer):
                     if last:
                         self.start_ahead(step + 1)
                     if weight:
-                        for key in self.TOTAL_KEYS:
+                        for key in keys:
                             totals[key] += out[key]
                         totals["seq_lens"].extend(out["seq_lens"])
                 plan = [mb if weight else [] for mb, weight in items]
@@ -314,22 +402,18 @@ class DPOTrainer(Trainer):
     # -- what the step loop shows and returns (base.Trainer.train runs it) ---------------
     def start_event(self) -> dict:
         return {"event": "start", "attention": self.attention, "worldSize": self.ctx.world_size,
-                "startStep": self.start_step, "totalSteps": self.config.training.steps, "pairs": len(self.data),
-                "setupSeconds": round(self.setup_seconds, 2), "peakFlops": self.peak,
-                "peakSource": self.peak_source, "memoryPlan": self.plan.describe() if self.plan is not None else None}
+                "startStep": self.start_step, "totalSteps": self.config.training.steps,
+                **self.objective.start_fields(self.data), "setupSeconds": round(self.setup_seconds, 2),
+                "peakFlops": self.peak, "peakSource": self.peak_source,
+                "memoryPlan": self.plan.describe() if self.plan is not None else None}
 
-    def progress_fields(self, rec: dict) -> dict:
-        return {"rewardMean": rec["rewardChosen"],
-                "extra": {"accuracy": rec["accuracy"], "reward_margin": rec["margin"],
-                          "token_budget": rec["tokenBudget"]}}
-
-    def report(self) -> Callable[[int, dict], None] | None:
+    def step_printer(self) -> StepPrinter | None:
         total = self.config.training.steps
         tty = self.ctx.is_main and sys.stderr.isatty()
         return (lambda done, rec: _progress_bar(done, total, rec)) if tty else None
 
-    def finish(self, result: TrainResult) -> None:
-        result.batcher_decisions = list(self.batcher.decisions)
+    def decisions(self) -> list[str]:
+        return list(self.batcher.decisions)
 
     def close(self) -> None:
         if self.ahead is not None:
@@ -342,10 +426,10 @@ class DPOTrainer(Trainer):
         self.sync()
         t0 = time.perf_counter()
         totals, plan = self.run_step(step)
-        sums = all_reduce_sum(ctx, [totals["pairs"], totals["loss"], totals["margin"], totals["correct"],
-                                    totals["chosen"], totals["tokens"]])
-        pairs, loss_sum, margin_sum, correct, chosen_sum, tokens = sums
-        loss = loss_sum / pairs
+        keys = (*self.objective.REDUCED, "tokens")
+        sums = totals | dict(zip(keys, all_reduce_sum(ctx, [totals[k] for k in keys]), strict=True))
+        tokens = sums["tokens"]
+        loss = sums["loss"] / sums["pairs"]
         with self.busy.phase("optimizer"):
             norm = apply_update(self.policy, self.optimizer, loss, self.config.training.max_grad_norm, step)
         self.sync()
@@ -356,22 +440,28 @@ class DPOTrainer(Trainer):
         peak_frac = worst if worst >= 0 else None
         mfu = flops / seconds / (self.peak * ctx.world_size) if self.peak else None
         return {
-            "event": "step", "step": step + 1, "loss": loss, "accuracy": correct / pairs,
-            "margin": margin_sum / pairs, "rewardChosen": chosen_sum / pairs, "gradNorm": norm, "lr": lr,
+            "event": "step", "step": step + 1, "loss": loss, **self.objective.step_fields(sums), "gradNorm": norm,
+            "lr": lr,
             "tokens": int(tokens), "seconds": round(seconds, 4), "tokensPerSecond": tokens / seconds,
             "mfu": mfu, "microBatches": len(plan), "tokenBudget": self.batcher.budget,
             "peakMemoryFraction": peak_frac,
         }
 
-    def observe(self, rec: dict, job: JobBusy) -> None:
+    def observe(self, rec: StepRecord, job: JobBusy) -> None:
         """The batcher decides from the step's peak memory and its windowed busy fraction (the
         least busy rank's mean over the step, the same on every rank)."""
-        decision = self.batcher.observe(Measurement(rec["peakMemoryFraction"], job.step_min, rec["seconds"]))
-        rec["tokenBudget"] = self.batcher.budget  # the budget the next step plans with
+        decision = self.batcher.observe(Measurement(rec.fields["peakMemoryFraction"], job.step_min, rec.seconds))
+        rec.fields["tokenBudget"] = self.batcher.budget  # the budget the next step plans with
         if decision and self.ctx.is_main:
-            log.info("step %d: batcher: %s", rec["step"], decision)
+            log.info("step %d: batcher: %s", rec.step, decision)
+
+
+def train_preferences(objective: type[PreferenceObjective], config: RuntimeConfig, ctx: DistContext | None,
+                      hooks: TrainerHooks | None) -> TrainResult:
+    """Run the preference training of `objective` described by `config` in this process (one rank)."""
+    return train_on_this_rank(lambda cfg, rank_ctx: DPOTrainer(cfg, rank_ctx, hooks, objective), config, ctx)
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:
     """Run DPO training described by `config` in this process (one rank)."""
-    return run_trainer(DPOTrainer, config, ctx, hooks)
+    return train_preferences(DpoObjective, config, ctx, hooks)

@@ -15,8 +15,11 @@ evalRewardMean; the operator copies step, accuracy and reward mean into status.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rlkube.runtime.contract import progress as report
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.infra.gpu_busy import BusySampler
 from rlkube.runtime.infra.log import warn_once
 
 # What an evaluation's record may hold -> its /progress field.
@@ -42,6 +45,22 @@ def eval_due(config: RuntimeConfig, done: int) -> bool:
                       "data.evalFraction): not evaluating")
         return False
     return done == config.training.steps or bool(every and done % every == 0)
+
+
+class Evaluation:
+    """Runs the trainer's evaluation after the steps it is due, in the GPU busy phase "eval" (it
+    counts in that step's busy window and phase seconds)."""
+
+    def __init__(self, config: RuntimeConfig, evaluate: Callable[[], dict], busy: BusySampler) -> None:
+        """`evaluate()`: the trainer's numbers on its eval set, on every rank."""
+        self.config, self.evaluate, self.busy = config, evaluate, busy
+
+    def after(self, done: int) -> dict | None:
+        """The evaluation after `done` steps when one is due (collective), else None."""
+        if not eval_due(self.config, done):
+            return None
+        with self.busy.phase("eval"):
+            return {"step": done, **self.evaluate()}
 
 
 def eval_progress(evaluation: dict) -> dict:

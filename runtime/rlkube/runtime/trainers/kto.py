@@ -1,5 +1,5 @@
-"""The KTO trainer: the DPO trainer's machinery (batcher, packing, OOM redo, checkpoints) on
-unpaired data, with KTO's loss (algorithms/kto.py).
+"""KTO's objective for the preference trainer (trainers/dpo.py: batcher, packing, OOM redo,
+checkpoints, shared with DPO): unpaired data, KTO's loss (algorithms/kto.py).
 
 A micro-batch of n completions becomes n "pairs" for the packer: sequence 2k is sample k's
 prompt with its own completion (scored by the loss), sequence 2k+1 the same prompt with the
@@ -26,15 +26,15 @@ import torch
 from rlkube.runtime.algorithms.kto import clamp_reference_point, kl_reference_point, kto_loss, kto_stats
 from rlkube.runtime.contract.config import DataSpec, RuntimeConfig
 from rlkube.runtime.data.eval_split import split_eval
-from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
+from rlkube.runtime.data.packing import TokenBatch
 from rlkube.runtime.data.preferences import SPECIALS, PreferenceData, fit_to_length
 from rlkube.runtime.data.synthetic import synthetic_pairs
-from rlkube.runtime.data.tokenizer import Tokenizer, load_tokenizer
+from rlkube.runtime.data.tokenizer import Tokenizer
 from rlkube.runtime.data.unpaired import UnpairedData, load_unpaired_data
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_sum
-from rlkube.runtime.trainers.base import TrainerHooks, TrainResult, run_trainer
+from rlkube.runtime.trainers.base import TrainerHooks, TrainResult
 from rlkube.runtime.trainers.batching import SampleCost
-from rlkube.runtime.trainers.dpo import DPOTrainer
+from rlkube.runtime.trainers.dpo import DpoObjective, train_preferences
 
 
 @dataclasses.dataclass
@@ -80,45 +80,41 @@ def mismatched_view(data: UnpairedData, ids: list[int]) -> PreferenceData:
     )
 
 
-class KTOTrainer(DPOTrainer):
-    """State of one KTO run in one process (one rank)."""
+class KtoObjective:
+    """KTO: completions labelled desirable or not, each against the KL reference point z0 of its
+    micro-batch's mismatched pairs (the module's docstring)."""
 
-    TOTAL_KEYS = (*DPOTrainer.TOTAL_KEYS, "desirable", "undesirable_reward", "kl_sum", "kl_count")
+    SUMS = (*DpoObjective.SUMS, "desirable", "undesirable_reward", "kl_sum", "kl_count")
+    # kl_sum and kl_count are job-wide already: each micro-batch's z0 is all-reduced in `score`.
+    REDUCED = (*DpoObjective.SUMS, "desirable", "undesirable_reward")
 
-    def load_data(self) -> None:
-        config = self.config
-        self.tokenizer = load_tokenizer(config.model.tokenizer)
-        if config.data.format == "synthetic":
-            data = synthetic_unpaired(config.data, self.tokenizer)
-        else:
-            data = load_unpaired_data(config.data, self.tokenizer)
-        self.data, self.eval_data = split_eval(config.data, data,
-                                               lambda spec: load_unpaired_data(spec, self.tokenizer))
-        specials = SPECIALS if self.data.specials else 0
-        self.costs = []
-        for i in range(len(self.data)):
-            n = len(self.data.prompts[i]) + len(self.data.completions[i]) + specials
-            self.costs.append(SampleCost(index=i, tokens=2 * n, rows=2, longest=n))
+    def __init__(self, config: RuntimeConfig, ctx: DistContext) -> None:
+        self.config, self.ctx = config, ctx
 
-    def collate(self, ids: list[int], data: UnpairedData | None = None) -> KtoBatch:
-        data = data if data is not None else self.data
-        tok, view = self.tokenizer, mismatched_view(data, ids)
-        local = list(range(len(ids)))
-        if self.config.data.packing and not self.rows_per_sequence:
-            batch = pack_pairs(view, local, tok.bos_id, tok.eos_id, explicit_mask=self.explicit_mask,
-                               row_tokens=self.row_tokens, pad=tok.pad_id,
-                               multiple_of=self.row_multiple, min_width=self.row_min)
-        else:
-            batch = pad_pairs(view, local, tok.bos_id, tok.eos_id, tok.pad_id, padding_mask=False)
+    def load(self, tokenizer: Tokenizer) -> tuple[UnpairedData, UnpairedData | None]:
+        spec = self.config.data
+        data = synthetic_unpaired(spec, tokenizer) if spec.format == "synthetic" else load_unpaired_data(spec, tokenizer)
+        return split_eval(spec, data, lambda eval_spec: load_unpaired_data(eval_spec, tokenizer))
+
+    def costs(self, data: UnpairedData) -> list[SampleCost]:
+        specials = SPECIALS if data.specials else 0
+        costs = []
+        for i in range(len(data)):
+            n = len(data.prompts[i]) + len(data.completions[i]) + specials
+            costs.append(SampleCost(index=i, tokens=2 * n, rows=2, longest=n))
+        return costs
+
+    def pairs(self, data: UnpairedData, ids: list[int]) -> tuple[PreferenceData, list[int]]:
+        return mismatched_view(data, ids), list(range(len(ids)))
+
+    def labelled(self, batch: TokenBatch, data: UnpairedData, ids: list[int]) -> KtoBatch:
         labels = torch.tensor([data.labels[i] for i in ids], dtype=torch.bool)
         return KtoBatch(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(TokenBatch)},
                         desirable=labels)
 
-    def score_batch(self, batch: KtoBatch, counted: bool) -> tuple[torch.Tensor, dict]:
+    def score(self, pol: torch.Tensor, ref: torch.Tensor, batch: KtoBatch, counted: bool
+              ) -> tuple[torch.Tensor, dict]:
         cfg = self.config.training
-        with torch.no_grad():
-            ref = self.reference(batch)
-        pol = self.policy(batch)
         # z0 from the mismatched sequences, over every rank's micro-batch (each rank runs the same
         # number of micro-batches, padded with weight-0 ones, so the all-reduce always pairs up)
         kl_sum, kl_count = kl_reference_point(pol[1::2].detach(), ref[1::2]) if counted else (0.0, 0)
@@ -134,44 +130,36 @@ class KTOTrainer(DPOTrainer):
             "pairs": s.samples, "loss": s.loss_sum, "margin": 0.0, "correct": s.correct,
             "chosen": s.desirable_reward_sum, "desirable": s.desirable,
             "undesirable_reward": s.undesirable_reward_sum, "kl_sum": kl_sum, "kl_count": kl_count,
-            "tokens": batch.real_tokens, "scored": int(batch.target_ids.numel()), "seq_lens": batch.seq_lens,
         }
+
+    def step_fields(self, sums: dict[str, float]) -> dict:
+        """Accuracy, the desirable and undesirable completions' mean rewards and their difference
+        (margin), and kl, the step's mean z0 (kl_sum/kl_count are job-wide per micro-batch)."""
+        good, bad = self._reward_means(sums)
+        return {"accuracy": sums["correct"] / sums["pairs"], "margin": good - bad, "rewardChosen": good,
+                "rewardRejected": bad, "kl": sums["kl_sum"] / sums["kl_count"] if sums["kl_count"] else 0.0}
 
     def eval_summary(self, sums: dict[str, float]) -> dict:
         """KTO's accuracy (reward on the side of z0 its label says) and margin (mean desirable
         minus mean undesirable reward) over the eval completions."""
-        samples, desirable = max(sums["pairs"], 1.0), sums["desirable"]
-        undesirable = sums["pairs"] - desirable
-        good = sums["chosen"] / desirable if desirable else 0.0
-        bad = sums["undesirable_reward"] / undesirable if undesirable else 0.0
+        samples = max(sums["pairs"], 1.0)
+        good, bad = self._reward_means(sums)
         return {"samples": int(sums["pairs"]), "loss": sums["loss"] / samples, "accuracy": sums["correct"] / samples,
                 "margin": good - bad, "rewardMean": good}
 
-    def run_step(self, step: int):
-        totals, plan = super().run_step(step)
-        self.step_totals = totals
-        return totals, plan
+    @staticmethod
+    def _reward_means(sums: dict[str, float]) -> tuple[float, float]:
+        """The mean implicit reward of the desirable completions and of the undesirable ones."""
+        desirable = sums["desirable"]
+        undesirable = sums["pairs"] - desirable
+        good = sums["chosen"] / desirable if desirable else 0.0
+        bad = sums["undesirable_reward"] / undesirable if undesirable else 0.0
+        return good, bad
 
-    def train_step(self, step: int, lr: float) -> dict:
-        rec = super().train_step(step, lr)
-        t = self.step_totals
-        samples, desirable, good, bad = all_reduce_sum(
-            self.ctx, [t["pairs"], t["desirable"], t["chosen"], t["undesirable_reward"]])
-        undesirable = samples - desirable
-        good_mean = good / desirable if desirable else 0.0
-        bad_mean = bad / undesirable if undesirable else 0.0
-        # kl_sum/kl_count are already job-wide per micro-batch; their ratio is the step's mean z0
-        rec.update(rewardChosen=good_mean, rewardRejected=bad_mean, margin=good_mean - bad_mean,
-                   kl=t["kl_sum"] / t["kl_count"] if t["kl_count"] else 0.0)
-        return rec
-
-    def start_event(self) -> dict:
-        event = super().start_event()
-        event.pop("pairs", None)
-        return {**event, "algorithm": "kto", "samples": len(self.data),
-                "desirable": sum(self.data.labels)}
+    def start_fields(self, data: UnpairedData) -> dict:
+        return {"algorithm": "kto", "samples": len(data), "desirable": sum(data.labels)}
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:
     """Run KTO training described by `config` in this process (one rank)."""
-    return run_trainer(KTOTrainer, config, ctx, hooks)
+    return train_preferences(KtoObjective, config, ctx, hooks)

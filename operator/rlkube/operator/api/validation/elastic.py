@@ -13,6 +13,7 @@ from typing import Any
 
 from rlkube.operator.api.validation.cel import gpus_per_pod, rule, total_gpus
 from rlkube.runtime.contract.algorithm_settings import step_rows
+from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
 from rlkube.runtime.contract.config import BatchingSpec, TrainingSpec
 from rlkube.runtime.contract.spec_cel import ONLINE, mini_batches, rows
 
@@ -37,7 +38,7 @@ def elastic_split_problems(spec: Any) -> list[str]:
     """PPO/GRPO elastic jobs: every size in [minWorkers, maxWorkers] splits a mini-batch evenly
     over the actor's GPUs at that size, as the full size must: the trainer refuses a size that
     does not when it is restarted at it."""
-    if spec.elastic is None or spec.algorithm not in ("ppo", "grpo"):
+    if spec.elastic is None or spec.algorithm not in ONLINE_ALGORITHMS:
         return []
     rows_per_step, minis = step_rows(spec), spec.training.mini_batches
     if rows_per_step % minis:

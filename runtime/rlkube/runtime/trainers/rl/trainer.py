@@ -55,9 +55,10 @@ from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_re
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.gpu_busy import JobBusy
 from rlkube.runtime.infra.log import log, warn_once
-from rlkube.runtime.trainers.base import Trainer, TrainerHooks, TrainResult, run_trainer
+from rlkube.runtime.trainers.base import StepReport, Trainer, TrainerHooks, TrainResult, run_trainer
 from rlkube.runtime.trainers.batching import Measurement
 from rlkube.runtime.trainers.plan_request import staging_of
+from rlkube.runtime.trainers.record import StepRecord
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, plan_rl_memory, reference_shares_actor
 from rlkube.runtime.trainers.rl.critic import CriticWorker
@@ -73,6 +74,8 @@ TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSecon
 
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
+
+    REPORT = StepReport(reward_mean="rewardMean", gauges={k: k for k in TIMINGS})
 
     def build(self) -> None:
         cfg, tcfg = self.config, self.config.training
@@ -182,7 +185,7 @@ class RLTrainer(Trainer):
             ahead = Prefetcher(lambda s: (s, self.rollout.prompts(s)), steps, self.config.data.prefetch)
             self._prompt_stream = self.waited(ahead)
         made_for, batch = next(self._prompt_stream)
-        assert made_for == step, (made_for, step)  # run_steps runs consecutive steps
+        assert made_for == step, (made_for, step)  # the loop runs consecutive steps
         return batch
 
     def close(self) -> None:
@@ -247,15 +250,15 @@ class RLTrainer(Trainer):
                 if not self.budgets.forward_oom(self.ctx.world_size, max(rollout.lengths)):
                     raise
 
-    def observe(self, rec: dict, job: JobBusy) -> None:
+    def observe(self, rec: StepRecord, job: JobBusy) -> None:
         """The training budget follows the step's peak memory (adaptive mode); the budgets the next
         step plans with go into the record."""
-        peak = rec["peakMemoryFraction"]
+        peak = rec.fields["peakMemoryFraction"]
         decision = self.budgets.calibrate(int(peak * self.plan.capacity) if peak and self.plan else None, self.plan)
-        decision = decision or self.budgets.observe(Measurement(peak, job.step_min, rec["seconds"]))
-        if decision is not None:
-            log.info("step %d: memory budget: %s", rec["step"], decision)
-        rec.update(self.budgets.record())
+        decision = decision or self.budgets.observe(Measurement(peak, job.step_min, rec.seconds))
+        if decision is not None and self.ctx.is_main:
+            log.info("step %d: memory budget: %s", rec.step, decision)
+        rec.fields.update(self.budgets.record())
         self.budgets.largest_tokens = 0
 
     def trainer_state(self) -> dict:
@@ -354,10 +357,6 @@ class RLTrainer(Trainer):
 
     def evaluate(self) -> dict:
         return self.evaluator() if self.evaluator is not None else {}
-
-    def progress_fields(self, rec: dict) -> dict:
-        return {"rewardMean": rec["rewardMean"],
-                "extra": {k: rec[k] for k in TIMINGS if isinstance(rec.get(k), (int, float))}}
 
 
 def train(config: RuntimeConfig, ctx: DistContext | None = None, hooks: TrainerHooks | None = None) -> TrainResult:

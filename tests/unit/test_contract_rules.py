@@ -74,8 +74,11 @@ def _spec(rng: random.Random) -> RuntimeConfig:
     rollout = {"temperature": pick([0.0, 1.0]), "maxNewTokens": pick([6, 7, 62, 63, 126, 127, 200])}
     if rng.random() < 0.5:
         rollout["decodeRows"] = pick([1, 2, 4, 8, 16, 64])
-    data = {"source": "s", "format": "synthetic", "maxSeqLen": pick([8, 64, 128]), "prefetch": pick([0, 1, 2]),
-            "lengthMix": pick(["fixed", "longTailed"])}
+    data = {"source": "s", "format": pick(["synthetic", "synthetic", "jsonl"]), "maxSeqLen": pick([8, 64, 128]),
+            "prefetch": pick([0, 1, 2]), "lengthMix": pick(["fixed", "longTailed"]),
+            "numSamples": pick([1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 512])}
+    if rng.random() < 0.4:  # x.5 products too: round() is half to even
+        data["evalFraction"] = pick([0.1, 0.25, 0.5, 0.75, 0.9])
     batching = {"globalBatch": pick([1, 2, 3, 4, 6, 8, 12]), "minMicroBatch": pick([1, 1, 2]),
                 "maxTokensPerGpu": pick([16384, 16384, 8192]), "memoryFraction": pick([0.9, 0.9, 0.5])}
     return RuntimeConfig.model_construct(

@@ -47,8 +47,15 @@ def _role(rng: random.Random, name: str) -> RoleSpec:
     if rng.random() < 0.2:
         fields["function"] = REWARD_FUNCTION
     if rng.random() < 0.2:
-        fields["model"] = {"path": "/models/m", **({"lora": {}} if rng.random() < 0.4 else {})}
+        source = {"path": "/models/m"} if rng.random() < 0.5 else {"config": _model_config(rng)}
+        fields["model"] = {**source, **({"lora": {}} if rng.random() < 0.4 else {})}
     return RoleSpec.model_validate(fields)
+
+
+def _model_config(rng: random.Random) -> dict:
+    """A model config whose vocab_size is unset, below the byte tokenizer's 259 ids, or not."""
+    vocab = rng.choice([None, 100, 258, 259, 32000])
+    return {"model_type": "llama", **({} if vocab is None else {"vocab_size": vocab})}
 
 
 def _roles(rng: random.Random, colocation: float) -> RolesSpec:
@@ -82,7 +89,9 @@ def _spec(rng: random.Random) -> RuntimeConfig:
     batching = {"globalBatch": pick([1, 2, 3, 4, 6, 8, 12]), "minMicroBatch": pick([1, 1, 2]),
                 "maxTokensPerGpu": pick([16384, 16384, 8192]), "memoryFraction": pick([0.9, 0.9, 0.5])}
     return RuntimeConfig.model_construct(
-        algorithm=pick(["dpo", "kto", "ppo", "grpo"]), model=ModelSpec(path="/models/actor"),
+        algorithm=pick(["dpo", "kto", "ppo", "grpo"]),
+        model=ModelSpec.model_validate({**pick([{"path": "/models/actor"}, {"config": _model_config(rng)}]),
+                                        "tokenizer": pick(["byte", "byte", "/models/tokenizer"])}),
         roles=_valid_roles(rng), data=DataSpec.model_validate(data), batching=BatchingSpec.model_validate(batching),
         training=TrainingSpec.model_validate(training), rollout=RolloutSpec.model_validate(rollout),
     )

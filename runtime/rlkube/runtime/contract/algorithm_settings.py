@@ -18,6 +18,8 @@ The rules:
   group's mean, so a group of one, or a group of identical greedy completions, learns nothing.
   PPO has no groups and may roll out greedily.
 - PPO/GRPO: maxNewTokens leaves a prompt token and BOS within maxSeqLen.
+- A model config's vocab_size holds the byte tokenizer's ids, the actor's model and each role's
+  own (`vocab`).
 - Synthetic data leaves at least a step's samples (globalBatch) to train on after evalFraction's
   (`data_size`).
 - PPO/GRPO: a step's rows (globalBatch x groupSize) split evenly over the ranks of every role with
@@ -60,6 +62,7 @@ from rlkube.runtime.contract.spec_cel import (
     rows,
     spec_field,
 )
+from rlkube.runtime.contract.vocab import VOCAB_RULES
 
 
 class AlgorithmSettings(Protocol):
@@ -284,7 +287,7 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
 
 # Every rule on the spec the trainer applies too, in the order they are reported.
 SPEC_RULES: tuple[Rule, ...] = (
-    *ALGORITHM_ROLES, *role_rules.SOURCE_RULES, *SETTINGS, SAMPLES_PER_STEP, *BATCH_SPLIT,
+    *ALGORITHM_ROLES, *role_rules.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, SAMPLES_PER_STEP, *BATCH_SPLIT,
     *(field.rule() for field in DPO_ONLY_FIELDS),
 )
 

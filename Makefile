@@ -16,7 +16,7 @@ WHEELS     := $(CACHE)/wheels
 TORCH_VERSION ?= 2.11.0
 PYTEST     := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup lint unit crds crds-check integration e2e test demo cluster-up cluster-down clean
+.PHONY: help setup lint unit test-random crds crds-check integration e2e test demo cluster-up cluster-down clean
 .PHONY: chart-crds chart-rbac chart-lint
 .PHONY: cluster-bins cluster-status images
 .PHONY: training-tests soak
@@ -26,6 +26,7 @@ help:
 	@echo "make demo         local cluster + operator (Helm) + tiny DPO job trained on CPU stubs"
 	@echo "make test         everything CI runs: lint, unit, crds-check, integration, e2e"
 	@echo "make setup        .venv with rlkube[operator,runtime,dev] (torch wheel cached in $(WHEELS))"
+	@echo "make test-random  the unit tier in a new random order (the seed is shown; make unit TEST_SEED=N replays it)"
 	@echo "make cluster-up   real local cluster from official sources (tests/cluster)"
 
 $(VENV)/.installed: pyproject.toml
@@ -47,8 +48,18 @@ lint: setup
 	$(VENV)/bin/lint-imports
 	$(PY) tests/lint/check_sizes.py
 
+# Test order: the unit and training tiers run shuffled by pytest-randomly (dev extra; off in a plain
+# pytest run, pyproject.toml) with a fixed seed, so every run and CI take the same order and a test
+# that leans on one before it fails every time, not one run in ten. `make unit TEST_SEED=N` replays
+# an order, `make test-random` draws a new seed for the unit tier (shown first; replay it with TEST_SEED).
+TEST_SEED ?= 41
 unit: setup
-	$(PYTEST) tests/unit -q
+	@echo "unit: random order, --randomly-seed=$(TEST_SEED)"
+	$(PYTEST) -p randomly --randomly-seed=$(TEST_SEED) tests/unit -q
+
+test-random: setup
+	@seed=$$(( RANDOM * 32768 + RANDOM )); echo "test-random: --randomly-seed=$$seed (replay: make unit TEST_SEED=$$seed)"; \
+	  $(PYTEST) -p randomly --randomly-seed=$$seed tests/unit -q
 
 crds: setup
 	$(VENV)/bin/rlkube crd --out crds/
@@ -132,7 +143,8 @@ images:
 	  $(PYTHON_SYS) -c "import sys; sys.path.insert(0, '.'); from tests.cluster import images; print(images.build('$$n'))"; done
 
 training-tests: setup
-	$(PYTEST) tests/training -q
+	@echo "training-tests: random order, --randomly-seed=$(TEST_SEED)"
+	$(PYTEST) -p randomly --randomly-seed=$(TEST_SEED) tests/training -q
 
 test: lint unit crds-check training-tests integration e2e
 

@@ -23,7 +23,10 @@ from tests.integration.operator_env import Env
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-BAD = sorted((ROOT / "tests" / "data" / "bad").glob("*.yaml"))
+# Keys written twice are rlkube validate's to refuse: the API server gets JSON built from the YAML,
+# one value per key (tests/unit/test_corpus_verdicts.py).
+BAD = sorted(path for path in (ROOT / "tests" / "data" / "bad").glob("*.yaml")
+             if not path.stem.startswith("duplicate-key-"))
 GOOD = sorted([*(ROOT / "tests" / "data" / "good").glob("*.yaml"), *(ROOT / "examples").glob("*.yaml")])
 # Refused before any schema applies, so no field is named: the document is routed by apiVersion
 # and kind, and the name is required first.

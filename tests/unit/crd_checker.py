@@ -4,7 +4,7 @@ It applies the schema's defaults, then checks the structural schema (types, boun
 patterns, list types, unknown fields as `kubectl --validate=strict` reports them) and evaluates
 the `x-kubernetes-validations` CEL rules. The CEL evaluator covers only the subset of CEL that
 `rlkube.operator.api.crd` emits (has(), member access, && || ! ?:, comparisons, + - * / %, `in`,
-string, int and double literals, and the all/exists/exists_one macros); it raises on anything
+string, int and double literals, double(), and the all/exists/exists_one macros); it raises on anything
 else, so a rule outside the subset fails the tests instead of passing unchecked. Transition rules
 (those naming oldSelf) are skipped: they only run on update.
 
@@ -282,11 +282,11 @@ class _Parser:
         if kind == "name":
             if text in ("true", "false"):
                 return ("lit", text == "true")
-            if text == "quantity":
+            if text in ("quantity", "double"):
                 self.take("(")
                 argument = self.expression()
                 self.take(")")
-                return ("quantity", argument)
+                return (text, argument)
             if text == "has":
                 self.take("(")
                 target = self.postfix(self.primary())
@@ -345,6 +345,11 @@ def _eval(node: tuple, env: dict[str, Any]) -> Any:
         return -_eval(node[1], env)
     if tag == "size":
         return len(_eval(node[1], env))
+    if tag == "double":
+        value = _eval(node[1], env)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CelError(f"double() of {value!r}")
+        return float(value)
     if tag == "quantity":
         value = quantity_value(_eval(node[1], env))
         if value is None:

@@ -18,6 +18,7 @@ REWARD_FUNCTION = "rlkube.runtime.rewards:target_pattern"
 
 ROLES = {
     "dpo": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
+    "kto": {"actor": {"gpus": 2}, "reference": {"colocateWith": "actor"}},
     "grpo": {
         "actor": {"gpus": 2},
         "reference": {"colocateWith": "actor"},

@@ -47,8 +47,15 @@ def _role(rng: random.Random, name: str) -> RoleSpec:
     if rng.random() < 0.2:
         fields["function"] = REWARD_FUNCTION
     if rng.random() < 0.2:
-        fields["model"] = {"path": "/models/m", **({"lora": {}} if rng.random() < 0.4 else {})}
+        source = {"path": "/models/m"} if rng.random() < 0.5 else {"config": _model_config(rng)}
+        fields["model"] = {**source, **({"lora": {}} if rng.random() < 0.4 else {})}
     return RoleSpec.model_validate(fields)
+
+
+def _model_config(rng: random.Random) -> dict:
+    """A model config whose vocab_size is unset, below the byte tokenizer's 259 ids, or not."""
+    vocab = rng.choice([None, 100, 258, 259, 32000])
+    return {"model_type": "llama", **({} if vocab is None else {"vocab_size": vocab})}
 
 
 def _roles(rng: random.Random, colocation: float) -> RolesSpec:
@@ -74,12 +81,17 @@ def _spec(rng: random.Random) -> RuntimeConfig:
     rollout = {"temperature": pick([0.0, 1.0]), "maxNewTokens": pick([6, 7, 62, 63, 126, 127, 200])}
     if rng.random() < 0.5:
         rollout["decodeRows"] = pick([1, 2, 4, 8, 16, 64])
-    data = {"source": "s", "format": "synthetic", "maxSeqLen": pick([8, 64, 128]), "prefetch": pick([0, 1, 2]),
-            "lengthMix": pick(["fixed", "longTailed"])}
+    data = {"source": "s", "format": pick(["synthetic", "synthetic", "jsonl"]), "maxSeqLen": pick([8, 64, 128]),
+            "prefetch": pick([0, 1, 2]), "lengthMix": pick(["fixed", "longTailed"]),
+            "numSamples": pick([1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 512])}
+    if rng.random() < 0.4:  # x.5 products too: round() is half to even
+        data["evalFraction"] = pick([0.1, 0.25, 0.5, 0.75, 0.9])
     batching = {"globalBatch": pick([1, 2, 3, 4, 6, 8, 12]), "minMicroBatch": pick([1, 1, 2]),
                 "maxTokensPerGpu": pick([16384, 16384, 8192]), "memoryFraction": pick([0.9, 0.9, 0.5])}
     return RuntimeConfig.model_construct(
-        algorithm=pick(["dpo", "kto", "ppo", "grpo"]), model=ModelSpec(path="/models/actor"),
+        algorithm=pick(["dpo", "kto", "ppo", "grpo"]),
+        model=ModelSpec.model_validate({**pick([{"path": "/models/actor"}, {"config": _model_config(rng)}]),
+                                        "tokenizer": pick(["byte", "byte", "/models/tokenizer"])}),
         roles=_valid_roles(rng), data=DataSpec.model_validate(data), batching=BatchingSpec.model_validate(batching),
         training=TrainingSpec.model_validate(training), rollout=RolloutSpec.model_validate(rollout),
     )

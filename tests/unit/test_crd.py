@@ -106,16 +106,18 @@ def test_bounds_enums_and_defaults_come_from_the_pydantic_fields(root_schema):
     codes = spec["properties"]["runPolicy"]["properties"]["failOnExitCodes"]
     assert codes["default"] == [3, 4] and codes["items"]["maximum"] == 255
     config = spec["properties"]["model"]["properties"]["config"]
-    # Free-form but for model_type, declared so the API server (and CEL) can check it.
+    # Free-form but for model_type and vocab_size, declared so the API server (and CEL) can check them.
     assert config == {
         "type": "object",
         "description": config["description"],
         "maxProperties": 256,
-        "properties": {"model_type": config["properties"]["model_type"]},
+        "properties": {"model_type": config["properties"]["model_type"],
+                       "vocab_size": config["properties"]["vocab_size"]},
         "required": ["model_type"],
         "x-kubernetes-preserve-unknown-fields": True,
     }
     assert config["properties"]["model_type"]["enum"] == list(SUPPORTED_MODEL_TYPES)
+    assert (config["properties"]["vocab_size"]["type"], config["properties"]["vocab_size"]["minimum"]) == ("integer", 1)
     assert set(spec["required"]) == {"algorithm", "model", "roles", "data", "image"}
 
 

@@ -66,6 +66,51 @@ def test_unreadable_and_malformed_files(tmp_path, capsys):
     assert lines[2].startswith(f"{tmp_path / 'missing.yaml'}: cannot read")
 
 
+DUPLICATES = """\
+apiVersion: rlkube.io/v1alpha1
+kind: RLTrainingJob
+metadata: {name: twice}
+base: &base {steps: 10, lr: 1.0e-5}
+spec:
+  training:
+    <<: *base
+    steps: 30
+    lr: 1e-5
+    "lr": 2e-5
+  volumes:
+  - {name: a, mountPath: /a, name: b}
+kind: RLTrainingJob
+---
+apiVersion: rlkube.io/v1alpha1
+kind: RLTrainingJob
+metadata: {name: second, name: third}
+"""
+
+
+def test_duplicate_keys_are_refused_naming_each_key_and_its_lines(tmp_path, capsys):
+    manifest = tmp_path / "twice.yaml"
+    manifest.write_text(DUPLICATES)
+    code, out, err = run_cli(["validate", str(manifest)], capsys)
+    assert (code, out) == (1, "")
+    # One line per duplicate, in the file's order: file:line: field path: why. A key that
+    # overrides a merged mapping's ('<<: *base') is no duplicate.
+    assert [line.split(" (first at")[0] for line in err.splitlines()] == [
+        f"{manifest}:10: spec.training.lr: duplicate key",
+        f"{manifest}:12: spec.volumes[0].name: duplicate key",
+        f"{manifest}:13: kind: duplicate key",
+        f"{manifest}:17: metadata.name: duplicate key",
+    ]
+    assert "(first at line 9)" in err.splitlines()[0] and "keep one" in err.splitlines()[0]
+
+
+def test_documents_without_duplicate_keys_load_as_before():
+    (doc,) = cli.load_documents("a: 1e-5\nb: &x {c: 1}\nd: {<<: *x, c: 2}\ne: [{f: 1}, {f: 1}]\n")
+    assert doc == {"a": 1e-5, "b": {"c": 1}, "d": {"c": 2}, "e": [{"f": 1}, {"f": 1}]}
+    with pytest.raises(cli.DuplicateKeys) as caught:
+        cli.load_documents("a: {b: 1, c: 2, b: 3}\n")
+    assert [(d.path, d.line, d.first_line) for d in caught.value.duplicates] == [("a.b", 1, 1)]
+
+
 def test_validate_needs_a_file(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["validate"])

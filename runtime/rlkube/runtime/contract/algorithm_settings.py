@@ -18,6 +18,10 @@ The rules:
   group's mean, so a group of one, or a group of identical greedy completions, learns nothing.
   PPO has no groups and may roll out greedily.
 - PPO/GRPO: maxNewTokens leaves a prompt token and BOS within maxSeqLen.
+- A model config's vocab_size holds the byte tokenizer's ids, the actor's model and each role's
+  own (`vocab`).
+- Synthetic data leaves at least a step's samples (globalBatch) to train on after evalFraction's
+  (`data_size`).
 - PPO/GRPO: a step's rows (globalBatch x groupSize) split evenly over the ranks of every role with
   GPUs of its own and over training.miniBatches, and each mini-batch over the actor's and the
   critic's ranks (the trainer's own check at start, moved to validation), a colocated critic's
@@ -39,6 +43,7 @@ from pydantic.alias_generators import to_camel
 
 from rlkube.runtime.contract import role_rules
 from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
+from rlkube.runtime.contract.data_size import SAMPLES_PER_STEP
 from rlkube.runtime.contract.rollout import RolloutSpec
 from rlkube.runtime.contract.rule import Rule, problems, when
 from rlkube.runtime.contract.sections import (
@@ -58,6 +63,7 @@ from rlkube.runtime.contract.spec_cel import (
     rows,
     spec_field,
 )
+from rlkube.runtime.contract.vocab import VOCAB_RULES
 
 
 class AlgorithmSettings(Protocol):
@@ -279,7 +285,8 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
 
 # Every rule on the spec the trainer applies too, in the order they are reported.
 SPEC_RULES: tuple[Rule, ...] = (
-    *ALGORITHM_ROLES, *role_rules.SOURCE_RULES, *SETTINGS, *BATCH_SPLIT, *(field.rule() for field in DPO_ONLY_FIELDS),
+    *ALGORITHM_ROLES, *role_rules.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, SAMPLES_PER_STEP, *BATCH_SPLIT,
+    *(field.rule() for field in DPO_ONLY_FIELDS),
 )
 
 

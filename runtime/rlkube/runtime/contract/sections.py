@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from rlkube.runtime.contract.role_rules import ROLES_RULES
 from rlkube.runtime.contract.rule import Rule, check, when
 from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, ROLE_NAMES, Spec
+from rlkube.runtime.contract.vocab import VOCAB_SIZE, vocab_size_problem
 
 # The rules of one section, each a Python check and its CEL on the section's object (the operator
 # puts the CEL into the CRD; rlkube.operator.validation). Rules across sections: role_rules (the
@@ -122,6 +123,12 @@ class ModelSpec(Spec):
         # The CRD's twin is the schema's `required: [model_type]` inside config.
         if self.config is not None and "model_type" not in self.config:
             raise ValueError("config must include model_type (for example 'qwen2' or 'llama')")
+        # The CRD declares it an integer >= 1; whether it holds the tokenizer's ids is a rule on
+        # the spec (vocab.VOCAB_RULES): the tokenizer that feeds a role's model is the actor's.
+        if self.config is not None and VOCAB_SIZE in self.config:
+            problem = vocab_size_problem(self.config[VOCAB_SIZE])
+            if problem:
+                raise ValueError(f"config.{VOCAB_SIZE}: {problem}")
         return self
 
 

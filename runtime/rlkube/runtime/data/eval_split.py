@@ -21,6 +21,7 @@ from typing import TypeVar
 import torch
 
 from rlkube.runtime.contract.config import DataSpec
+from rlkube.runtime.contract.data_size import held_out_count
 from rlkube.runtime.infra.errors import DataError
 from rlkube.runtime.infra.log import log
 
@@ -34,7 +35,7 @@ def holdout_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list
     held out by a permutation seeded by `seed`; at least one sample is left to train on."""
     if n < 2:
         raise DataError(f"data.evalFraction: the training data has {n} sample(s); holding some out needs >= 2")
-    k = min(max(1, round(n * fraction)), n - 1)
+    k = held_out_count(n, fraction)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + 7)).tolist()
     return sorted(order[k:]), sorted(order[:k])
 

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlkube.runtime.contract.vocab import BYTE_IDS, BYTE_TOKENIZER, BYTE_VOCAB_SIZE
 from rlkube.runtime.infra.errors import DataError
 
 
@@ -46,20 +47,21 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class ByteTokenizer:
-    """256 byte tokens plus pad/bos/eos: vocabulary 259."""
+    """256 byte tokens plus pad/bos/eos: vocabulary 259 (the contract's BYTE_VOCAB_SIZE, which
+    `rlkube validate` and the CRD hold a model config's vocab_size to)."""
 
-    vocab_size: int = 259
-    pad_id: int = 256
-    bos_id: int = 257
-    eos_id: int = 258
+    vocab_size: int = BYTE_VOCAB_SIZE
+    pad_id: int = BYTE_IDS
+    bos_id: int = BYTE_IDS + 1
+    eos_id: int = BYTE_IDS + 2
     chat_renders_specials: bool = False
-    fingerprint: str = "byte"
+    fingerprint: str = BYTE_TOKENIZER
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return bytes(i for i in ids if i < BYTE_IDS).decode("utf-8", errors="replace")
 
     def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
@@ -106,6 +108,6 @@ class PretrainedTokenizer:
 
 def load_tokenizer(name: str) -> Tokenizer:
     """'byte' -> ByteTokenizer; anything else is a tokenizer directory."""
-    if name == "byte":
+    if name == BYTE_TOKENIZER:
         return ByteTokenizer()
     return PretrainedTokenizer(name)

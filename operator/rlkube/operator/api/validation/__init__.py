@@ -20,8 +20,10 @@ contract): a section's own rules (`contract.sections`: one model source, gpus or
 micro-batch bounds, one eval source), the roles (`contract.role_rules`: the actor's GPUs,
 colocation chains, adapters and functions, the reward's source), what an algorithm takes and
 cannot honour (`contract.algorithm_settings`: roles per algorithm, KL, GRPO groups, sequence
-lengths, batch splits over ranks and mini-batches, decodeRows, the DPO-only fields) and the model
-types (`contract.model_types`, whose CEL twin is the enum declared in the CRD). The trainer runs
+lengths, synthetic data's samples per step (`contract.data_size`), batch splits over ranks and
+mini-batches, decodeRows, the DPO-only fields, a model config's vocab_size against the byte
+tokenizer (`contract.vocab`)) and the model types (`contract.model_types`, whose CEL twin is the
+enum declared in the CRD). The trainer runs
 their Python half; this package puts their CEL into the CRD (`MODEL_RULES` below).
 
 The operator's own rule modules:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from rlkube.operator.api.validation.cel import rule
 from rlkube.operator.api.validation.rule import Rule, when
 from rlkube.runtime.contract.model_types import SUPPORTED_MODEL_TYPES
+from rlkube.runtime.contract.vocab import BYTE_TOKENIZER, BYTE_VOCAB_SIZE, VOCAB_SIZE
 
 ELASTIC = (
     Rule("maxWorkers: must be >= minWorkers", "self.maxWorkers >= self.minWorkers",
@@ -50,6 +51,15 @@ MODEL_CONFIG_SCHEMA = {
             "description": "The model family, as in config.json; one rlkube trains.",
             "enum": list(SUPPORTED_MODEL_TYPES),
             "maxLength": max(map(len, SUPPORTED_MODEL_TYPES)),
-        }
+        },
+        # Declared so the spec's rules can read it (contract.vocab.VOCAB_RULES); the Python half of
+        # the type and bound is ModelSpec's validator (contract.vocab.vocab_size_problem).
+        VOCAB_SIZE: {
+            "type": "integer",
+            "description": "Size of the model's vocabulary (its embedding rows), as in config.json. "
+            f"With model.tokenizer '{BYTE_TOKENIZER}', at least {BYTE_VOCAB_SIZE}.",
+            "minimum": 1,
+            "x-kubernetes-validations": INTEGER_CEL,
+        },
     },
 }

@@ -135,7 +135,8 @@ def test_progress_fields_map_onto_status_progress():
     assert mapped == wire  # every status.progress field is fed by one /progress field, and no more
     assert not set(DERIVED_PROGRESS) & mapped  # derived fields are the operator's, never copied
     assert set(progress.REPORT_FIELDS) == set(progress.STATUS_PROGRESS)
-    report = {key: 1 for key in progress.REPORT_FIELDS} | {progress.PHASE: progress.PHASE_TRAINING}
+    report = {key: 1 for key in progress.REPORT_FIELDS} | {progress.PHASE: progress.PHASE_TRAINING,
+                                                           progress.MEMORY_PLAN: "71.3 of 79.2 GiB: ..."}
     written = progress_status(report, dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc), gpus=1)
     # the trainer's phase and its attempt stay out
     assert set(written) == mapped | {"updatedAt", *DERIVED_PROGRESS}

@@ -102,3 +102,19 @@ def test_the_latest_evaluation_reaches_status_progress():
         "evalStep": 40, "evalAccuracy": 0.75, "evalRewardMean": -0.25}
     assert "evalMargin" not in out and "evalLoss" not in out  # /progress and /metrics only
     assert RLTrainingJobStatus.model_validate({"progress": out}).progress.eval_reward_mean == -0.25
+
+
+PLAN = "71.3 of 79.2 GiB: actorWeights 2.3, actorAdamW 4.6; 41.9 GiB left for batches: micro-batches of 19469 tokens"
+
+
+def test_the_memory_plan_reaches_status_progress_with_one_event_per_plan():
+    w = running_world()
+    w.step(at(10), progress={"step": 0, "totalSteps": 80, "memoryPlan": PLAN})
+    assert w.status["progress"]["memoryPlan"] == PLAN
+    w.step(at(11), progress={"step": 1, "totalSteps": 80, "memoryPlan": PLAN})
+    plans = [e for e in w.events if e.reason == "MemoryPlan"]
+    assert len(plans) == 1 and plans[0].type == "Normal" and plans[0].message == PLAN
+    other = PLAN.replace("19469", "9000")  # a restarted trainer's new plan is announced again
+    w.step(at(12), progress={"step": 2, "totalSteps": 80, "memoryPlan": other})
+    assert [e.message for e in w.events if e.reason == "MemoryPlan"] == [PLAN, other]
+    assert RLTrainingJobStatus.model_validate({"progress": w.status["progress"]}).progress.memory_plan == other

@@ -87,6 +87,7 @@ def test_full_fine_tune_with_a_reference_by_hand():
     assert plan.forward_tokens == left // 2_048
     described = plan.describe()
     assert described["termsGiB"]["actorAdamW"] == round(adamw / GIB, 2) and described["decodeRows"] == 64
+    assert "decode rows 64" in described["summary"] and f"micro-batches of {plan.train_tokens} tokens" in described["summary"]
 
 
 def test_lora_plan_holds_no_gradients_for_the_base_and_no_second_copy():

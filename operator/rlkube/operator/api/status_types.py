@@ -137,6 +137,12 @@ class ProgressStatus(Status):
         description="ppo, grpo: mean reward of greedy completions of the eval prompts at evalStep (dpo, kto: "
         "mean implicit reward of the chosen or desirable responses).",
     )
+    memory_plan: str | None = Field(
+        default=None, max_length=1024,
+        description="Rank 0's GPU memory plan, made before the first step: what the GPU holds (weights, "
+        "gradients, AdamW state, KV cache, checkpoint snapshot, reserve, in GiB) and the budgets left for batches "
+        "(batching.memoryFraction of the card).",
+    )
     updated_at: datetime | None = Field(default=None, description="When this was last read.")
 
 

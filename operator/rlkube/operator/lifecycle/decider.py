@@ -25,6 +25,7 @@ from rlkube.operator.render.status import (
     Lifecycle,
     condition,
     exported_message,
+    memory_plan_message,
     placement_from_status,
     summarize,
 )
@@ -193,6 +194,9 @@ class Decider:
         exported = exported_message(self.job.status, status)
         if exported is not None:
             self.event("Normal", "Exported", exported)
+        plan = memory_plan_message(self.job.status, status)
+        if plan is not None:
+            self.event("Normal", "MemoryPlan", plan)
         return Decision(
             status=status,
             create=tuple(create),

@@ -24,6 +24,8 @@ from rlkube.operator.api.observed import JobView, PodView, format_time
 from rlkube.operator.planning.placement import Placement, PodPlan
 from rlkube.runtime.contract.config import MAX_PATH_LEN
 from rlkube.runtime.contract.progress import (
+    MEMORY_PLAN,
+    MEMORY_PLAN_MAX_CHARS,
     OUTPUT_ADAPTER,
     OUTPUT_MODEL,
     OUTPUT_PATH,
@@ -193,6 +195,10 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime, gpus: int | Non
         value = report.get(key)
         if key == "phase":
             continue  # the trainer's own stage name; the job's phase is the operator's
+        if key == MEMORY_PLAN:
+            if isinstance(value, str) and value:
+                out[key] = value[:MEMORY_PLAN_MAX_CHARS]
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if value != value or value in (float("inf"), float("-inf")):
@@ -241,6 +247,14 @@ def kept_outputs(progress: Mapping[str, Any] | None, old: Mapping[str, Any]) -> 
     attempt before its first, say) leaves the last export's directory where it was."""
     outputs = outputs_status(progress) if progress is not None else None
     return dict(outputs or old.get(STATUS_OUTPUTS) or {}) or None
+
+
+def memory_plan_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """The message of a MemoryPlan Event when status.progress.memoryPlan changed from `old` to `new`
+    (whole statuses): a new plan, made by a (re)started trainer; else None."""
+    before = (old.get("progress") or {}).get(MEMORY_PLAN)
+    after = (new.get("progress") or {}).get(MEMORY_PLAN)
+    return after if after and after != before else None
 
 
 def exported_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:

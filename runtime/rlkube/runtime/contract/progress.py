@@ -28,6 +28,8 @@ GPU_BUSY_PHASES = "gpuBusyPhases"      # {phase: GPU busy ratio 0..1 within it, 
 PHASE_SECONDS = "phaseSeconds"         # {phase: seconds rank 0 spent in it}, last step
 STARTUP_SECONDS = "startupSeconds"     # {import, modelLoad, firstStep, total}: process start -> first step
 OUTPUTS = "outputs"                    # {"model"/"adapter": {"path", "step"}}: the latest export (infra/export.py)
+MEMORY_PLAN = "memoryPlan"             # one line: rank 0's GPU memory plan (terms in GiB, budgets), from the start
+MEMORY_PLAN_MAX_CHARS = 1024
 # The latest evaluation on the eval set (trainers/evaluation.py), each None before the first.
 EVAL_STEP = "evalStep"                 # optimizer steps done when it ran
 EVAL_LOSS = "evalLoss"                 # DPO/KTO: the training loss on the eval samples
@@ -62,6 +64,7 @@ STATUS_PROGRESS: dict[str, str | None] = {
     EVAL_MARGIN: None,
     EVAL_REWARD_MEAN: "evalRewardMean",
     OUTPUTS: None,  # not status.progress: copied whole into status.outputs (STATUS_OUTPUTS)
+    MEMORY_PLAN: "memoryPlan",  # the operator also posts it as a MemoryPlan Event when it changes
 }
 REPORT_FIELDS: tuple[str, ...] = tuple(STATUS_PROGRESS)
 # The fields the operator reads from a report: the trainer's phase and those it copies.

@@ -171,6 +171,14 @@ class MemoryPlan:
         """Forward-only tokens per training token of the same memory."""
         return self.train_bytes_per_token / max(self.forward_bytes_per_token, 1)
 
+    def summary(self) -> str:
+        """One line for /progress, status.progress.memoryPlan and the job's MemoryPlan Event."""
+        held = ", ".join(f"{name} {value / GIB:.1f}" for name, value in self.terms.items() if value >= GIB // 20)
+        rows = f", decode rows {self.decode_rows}" if self.decode_rows else ""
+        return (f"{self.usable / GIB:.1f} of {self.capacity / GIB:.1f} GiB: {held}; {self.left / GIB:.1f} GiB left "
+                f"for batches: micro-batches of {self.train_tokens} tokens, forward passes of "
+                f"{self.forward_tokens}{rows}")
+
     def describe(self) -> dict:
         """The start record's `memoryPlan`: each term in GiB, what is left, the budgets."""
         gib = {name: round(value / GIB, 2) for name, value in self.terms.items()}
@@ -180,7 +188,7 @@ class MemoryPlan:
                 "forwardBytesPerToken": self.forward_bytes_per_token,
                 "trainTokens": self.train_tokens, "forwardTokens": self.forward_tokens,
                 "decodeRows": self.decode_rows, "checkpointSnapshotOnDevice": self.snapshot_on_device,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "summary": self.summary()}
 
 
 class DoesNotFit(ConfigError):

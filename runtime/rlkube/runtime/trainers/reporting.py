@@ -70,8 +70,10 @@ class ProgressReport:
         if self.is_main:
             emit(event)
         if self.progress is not None:
+            plan = event.get("memoryPlan") or {}
             self.progress.update(phase=report.PHASE_TRAINING, step=start_step,
-                                 startupSeconds=event.get(report.STARTUP_SECONDS))
+                                 startupSeconds=event.get(report.STARTUP_SECONDS),
+                                 memoryPlan=plan.get("summary"))
 
     def step(self, rec: StepRecord) -> None:
         if self.progress is not None:

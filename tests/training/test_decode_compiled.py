@@ -60,11 +60,11 @@ def test_compiled_layers_decode_the_same_tokens():
     assert len(set(eager.response_lengths.tolist())) > 1  # the completions ended at different lengths
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(model))
     # a second call reuses the compiled calls (same objects)
-    calls = dict(decoder._compiled_layers.calls)
+    calls = dict(decoder.compiled_layers.calls)
     assert len(calls) == 2
     again = decoder.generate(ids, mask, params)
     assert torch.equal(again.response_ids, eager.response_ids)
-    assert decoder._compiled_layers.calls == calls
+    assert decoder.compiled_layers.calls == calls
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - counted == graphs  # nothing compiled again
 
 
@@ -100,14 +100,14 @@ def test_a_layer_its_trainer_compiled_decodes_through_the_decode_call_and_gets_i
     own = object()
     layers[0]._compiled_call_impl = own
     decoder = Decoder(model, compile_layers=True)
-    with decoder._compiled_layers:
+    with decoder.compiled_layers:
         decoding = [layer._compiled_call_impl for layer in layers]
         assert own not in decoding and None not in decoding
-        with decoder._compiled_layers.paused():  # a prefill: every layer eager
+        with decoder.compiled_layers.paused():  # a prefill: every layer eager
             assert all(layer._compiled_call_impl is None for layer in layers)
         assert [layer._compiled_call_impl for layer in layers] == decoding
     assert layers[0]._compiled_call_impl is own and layers[1]._compiled_call_impl is None
     # decode compile off (or FSDP-sharded layers): the trainer's graph is not used to decode either
-    with Decoder(model, compile_layers=False)._compiled_layers:
+    with Decoder(model, compile_layers=False).compiled_layers:
         assert all(layer._compiled_call_impl is None for layer in layers)
     assert layers[0]._compiled_call_impl is own

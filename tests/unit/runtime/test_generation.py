@@ -172,6 +172,6 @@ def test_a_model_compile_cannot_take_is_decoded_uncompiled(monkeypatch, caplog):
         out = decoder.generate(ids, mask, params)
     assert torch.equal(out.response_ids, expected)
     assert "compiling the decoder layers failed" in caplog.text
-    assert not decoder._compiled_layers.enabled
+    assert not decoder.compiled_layers.enabled
     assert all(layer._compiled_call_impl is None for layer in model.model.layers)
     assert torch.equal(decoder.generate(ids, mask, params).response_ids, expected)

@@ -35,6 +35,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import torch
 from transformers.cache_utils import Cache
@@ -112,12 +114,30 @@ class SlotCache(Cache):
         return 0
 
 
+class DecodeModel(Protocol):
+    """What a DecodeBatch needs of the model it decodes; generation.Decoder, which owns its
+    batches, provides it. Nothing else of the decoder is read here."""
+
+    model: torch.nn.Module
+    length_buckets: int  # read-length buckets (graphs) per batch
+
+    def mask_form(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean 'may attend' mask in the form the model's attention takes."""
+
+    def step_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                     cache: Cache) -> torch.Tensor:
+        """The model over `input_ids` with `cache`: the last position's logits [rows, vocab]."""
+
+    def eager(self) -> AbstractContextManager:
+        """Within: the decoder layers run uncompiled (prefills; decode_layers.py)."""
+
+
 class DecodeBatch:
     """Device state of `rows` decode rows for prompts of `prompt_len` columns and one sampling
     setting, plus (with `graphs`) one captured step per read-length bucket. Kept by the `Decoder`
     between calls; `key` says when it can be reused."""
 
-    def __init__(self, decoder, rows: int, prompt_len: int, params: SamplingParams, graphs: bool):
+    def __init__(self, decoder: DecodeModel, rows: int, prompt_len: int, params: SamplingParams, graphs: bool):
         started = time.perf_counter()
         model = decoder.model
         device = next(model.parameters()).device
@@ -130,9 +150,9 @@ class DecodeBatch:
         slots = self.length + SPARE_SLOTS
         self.cache = SlotCache(model.config.num_hidden_layers, rows, slots, device)
         self.rng = torch.Generator(device=device)
-        self.mask = decoder._bias(torch.zeros(rows, 1, 1, slots, dtype=torch.bool, device=device))
-        self.allowed = decoder._bias(torch.ones(rows, 1, 1, 1, dtype=torch.bool, device=device))
-        self.blocked = decoder._bias(torch.zeros((), dtype=torch.bool, device=device))
+        self.mask = decoder.mask_form(torch.zeros(rows, 1, 1, slots, dtype=torch.bool, device=device))
+        self.allowed = decoder.mask_form(torch.ones(rows, 1, 1, 1, dtype=torch.bool, device=device))
+        self.blocked = decoder.mask_form(torch.zeros((), dtype=torch.bool, device=device))
         self.input_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.position_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.gen_len = torch.zeros(rows, dtype=torch.long, device=device)
@@ -147,8 +167,8 @@ class DecodeBatch:
         # first graphs specialize the key length to 1, and the first decode step compiled them again.
         self.cache.prefill_rows = torch.arange(rows, device=device)
         self.mask[..., 0] = self.allowed[..., 0]
-        with decoder._compiled_layers.paused():
-            first = decoder._forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
+        with decoder.eager():
+            first = decoder.step_forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
         self.cache.prefill_rows = None
         self.logits = first.clone()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -177,7 +197,7 @@ class DecodeBatch:
         self.input_ids.copy_(token[:, None])
         self.position_ids.copy_((self.base_pos + self.gen_len - 1)[:, None])
         self.cache.read_len = read_len
-        logits = self.decoder._forward(self.input_ids, self.position_ids, self.mask[..., :read_len], self.cache)
+        logits = self.decoder.step_forward(self.input_ids, self.position_ids, self.mask[..., :read_len], self.cache)
         self.logits.copy_(logits)
 
     def step(self, live: int) -> None:
@@ -241,13 +261,13 @@ class DecodeBatch:
             q[None, None, :] == q[None, :, None])
         self.cache.prefill_rows = rows
         try:
-            with self.decoder._compiled_layers.paused():  # decode_layers.py: prefills run eagerly
-                logits = self.decoder._forward(ids, positions, self.decoder._bias(allowed[:, None]), self.cache)
+            with self.decoder.eager():  # decode_layers.py: prefills run eagerly
+                logits = self.decoder.step_forward(ids, positions, self.decoder.mask_form(allowed[:, None]), self.cache)
         finally:
             self.cache.prefill_rows = None
         self.logits.index_copy_(0, rows, logits.to(self.logits.dtype))
         self.mask.index_fill_(0, rows, self.blocked)
-        self.mask[rows, 0, 0, :width] = self.decoder._bias(prompt_mask.bool())
+        self.mask[rows, 0, 0, :width] = self.decoder.mask_form(prompt_mask.bool())
         self.gen_len.index_fill_(0, rows, 0)
         self.finished.index_fill_(0, rows, False)
         self.base_pos.index_copy_(0, rows, prompt_mask.sum(dim=1))

@@ -138,12 +138,12 @@ class Decoder:
         self._batch = None
         self._smaller: dict[int, DecodeBatch] = {}
         # Decoder layers through torch.compile while generating (decode_layers.py).
-        self._compiled_layers = CompiledDecodeLayers(model, compile_layers)
+        self.compiled_layers = CompiledDecodeLayers(model, compile_layers)
         self.capture_seconds_total = 0.0  # every DecodeBatch built (caches allocated, graphs captured)
         self.last_stats: dict = {}
 
     # -- masks ---------------------------------------------------------------------------------
-    def _bias(self, allowed: torch.Tensor) -> torch.Tensor:
+    def mask_form(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean 'may attend' mask in the form the attention kernel takes."""
         if self.mode == "eager":
             dtype = next(self.model.parameters()).dtype
@@ -151,7 +151,8 @@ class Decoder:
             return torch.where(allowed, zero, torch.finfo(dtype).min)
         return allowed
 
-    def _forward(self, input_ids, position_ids, mask, cache, key_valid_2d=None):
+    def step_forward(self, input_ids, position_ids, mask, cache, key_valid_2d=None):
+        """The model over `input_ids` with `cache`: the last position's logits (decode_batch.DecodeModel)."""
         kwargs = {self._cache_kwarg: cache}
         out = self.model(
             input_ids=input_ids,
@@ -162,6 +163,10 @@ class Decoder:
             **kwargs,
         )
         return out.logits[:, -1, :]
+
+    def eager(self):
+        """Within: the decoder layers run uncompiled (decode_batch.DecodeModel)."""
+        return self.compiled_layers.paused()
 
     # -- entry ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -184,18 +189,18 @@ class Decoder:
         try:
             return self._generate(input_ids, prompt_mask, params, generator, rows)
         except torch._dynamo.exc.TorchDynamoException as e:
-            if not self._compiled_layers.enabled:
+            if not self.compiled_layers.enabled:
                 raise
             # A model torch.compile cannot take (its layers restored on the way out): decode it
             # uncompiled from here on rather than fail the rollout.
             log.warning("generation: compiling the decoder layers failed (%s: %s); decoding them uncompiled",
                         type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-            self._compiled_layers = CompiledDecodeLayers(self.model, False)
+            self.compiled_layers = CompiledDecodeLayers(self.model, False)
             self.release()
             return self._generate(input_ids, prompt_mask, params, generator, rows)
 
     def _generate(self, input_ids, prompt_mask, params: SamplingParams, generator, rows: int) -> GenerationOutput:
-        with decode_attention(self.model, self.gqa_decode), self._compiled_layers:
+        with decode_attention(self.model, self.gqa_decode), self.compiled_layers:
             if not self.static_cache:
                 if self.refill and rows < input_ids.shape[0]:
                     from rlkube.runtime.infra.log import warn_once
@@ -280,7 +285,7 @@ class Decoder:
         allowed = (key_valid[:, None, :prompt_len] & (q[None, None, :] <= q[None, :, None])) | (
             q[None, None, :] == q[None, :, None]
         )
-        logits = self._forward(input_ids, positions, self._bias(allowed[:, None]), cache, prompt_mask)
+        logits = self.step_forward(input_ids, positions, self.mask_form(allowed[:, None]), cache, prompt_mask)
         response = torch.full((batch, params.max_new_tokens), params.pad_token_id, dtype=torch.long,
                               device=device)
         response_mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.long, device=device)
@@ -301,8 +306,8 @@ class Decoder:
                 break
             slot = prompt_len + step
             key_valid[:, slot] = True
-            mask = self._bias(key_valid[:, None, None, : slot + 1])
-            logits = self._forward(token[:, None], next_position, mask, cache, key_valid[:, : slot + 1].long())
+            mask = self.mask_form(key_valid[:, None, None, : slot + 1])
+            logits = self.step_forward(token[:, None], next_position, mask, cache, key_valid[:, : slot + 1].long())
             next_position = next_position + 1
         return GenerationOutput(
             prompt_ids=input_ids,

@@ -41,6 +41,7 @@ WINDOW = 8
 GROW_BELOW = 0.8  # grow when peak < 0.8 x target fraction
 MAX_GROWTH = 8
 OOM_HOLD_STEPS = 50
+MAX_CALIBRATION = 4  # the first step's measurement may raise a plan's budget this many times
 CPU_TOKEN_BUDGET = 16384  # batching.maxTokensPerGpu's default where no memory plan is made
 
 
@@ -209,6 +210,24 @@ class AdaptiveBatcher:
             return None
         self.window.clear()
         msg = f"token budget {old} -> {self.budget} ({why})"
+        self.decisions.append(msg)
+        return msg
+
+    def calibrate(self, peak_bytes: int, resident_bytes: int, left_bytes: int, largest_cost: int) -> str | None:
+        """After the first step, when a memory plan sized the budget: raise it to what a token
+        measurably cost (the step's peak beyond the resident weights and optimizer state, over the
+        step's largest micro-batch), where that allows more than the plan's model did (compiled
+        layers keep less than it counts). Grows only, at most MAX_CALIBRATION times; adaptive mode."""
+        if not self.adaptive or largest_cost <= 0:
+            return None
+        per_token = max(peak_bytes - resident_bytes, 1) / largest_cost
+        old, fits = self.budget, int(left_bytes / per_token)
+        if fits <= old:
+            return None
+        self.budget = min(fits, old * MAX_CALIBRATION, self.max_budget)
+        self.window.clear()
+        msg = (f"token budget {old} -> {self.budget} (measured {per_token / 2**20:.2f} MiB a token in the "
+               f"first step)")
         self.decisions.append(msg)
         return msg
 

@@ -450,7 +450,13 @@ class DPOTrainer(Trainer):
     def observe(self, rec: StepRecord, job: JobBusy) -> None:
         """The batcher decides from the step's peak memory and its windowed busy fraction (the
         least busy rank's mean over the step, the same on every rank)."""
-        decision = self.batcher.observe(Measurement(rec.fields["peakMemoryFraction"], job.step_min, rec.seconds))
+        peak = rec.fields["peakMemoryFraction"]
+        decision = None
+        if self.plan is not None and peak and rec.step == self.start_step + 1:  # this run's first step
+            largest = max(micro_batch_cost(mb, self.batcher.packed) for mb, _ in self.step_items(rec.step - 1))
+            decision = self.batcher.calibrate(int(peak * self.plan.capacity), self.plan.resident, self.plan.left,
+                                              largest)
+        decision = decision or self.batcher.observe(Measurement(peak, job.step_min, rec.seconds))
         rec.fields["tokenBudget"] = self.batcher.budget  # the budget the next step plans with
         if decision and self.ctx.is_main:
             log.info("step %d: batcher: %s", rec.step, decision)

@@ -43,9 +43,6 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-MAX_CALIBRATION = 4  # the first step's measurement may raise the plan's budget this many times
-
-
 def balanced(bins: list[list[SampleCost]], budget: int) -> list[list[SampleCost]]:
     """The same rows in as many micro-batches, of near-equal row counts where each still fits the
     budget (cut greedily, 64 rows under a budget of 58 would be 58 + 6: two shapes, one of them
@@ -107,21 +104,12 @@ class RLBudgets:
         return [[c.index for c in mb] for mb in equalise(plans)[mine]]
 
     def calibrate(self, peak_reserved: int | None, plan: MemoryPlan | None) -> str | None:
-        """After the first step: the training budget from what a token measurably cost in it (the
-        step's peak beyond the weights, gradients and AdamW state, over its largest micro-batch),
-        where that allows more than the plan's model of a layer did (compiled layers keep less).
-        Grows only, at most MAX_CALIBRATION times; the adaptive batcher moves it from there."""
+        """After the first step: the training budget from what a token measurably cost in it
+        (AdaptiveBatcher.calibrate), once."""
         if self.calibrated or plan is None or peak_reserved is None or not self.largest_tokens:
             return None
         self.calibrated = True
-        per_token = max(peak_reserved - plan.resident, 1) / self.largest_tokens
-        fits = int(plan.left / per_token)
-        old = self.batcher.budget
-        if not self.batcher.adaptive or fits <= old:
-            return None
-        self.batcher.budget = min(fits, old * MAX_CALIBRATION, self.batcher.max_budget)
-        return (f"token budget {old} -> {self.batcher.budget} (measured {per_token / 2**20:.2f} MiB a token in "
-                f"the first step, the plan's model {plan.train_bytes_per_token / 2**20:.2f})")
+        return self.batcher.calibrate(peak_reserved, plan.resident, plan.left, self.largest_tokens)
 
     # -- out of memory ------------------------------------------------------------------------
     def _can_redo(self, world_size: int, what: str) -> bool:

@@ -56,3 +56,17 @@ def test_fixed_mode_does_not_calibrate():
     b = RLBudgets(BatchingSpec(mode="fixed"), plan(), None)
     b.largest_tokens = 8000
     assert b.calibrate(12 << 30, plan()) is None and b.train_tokens == 8000
+
+
+def test_a_rank_that_trains_nothing_scores_with_the_plans_forward_budget():
+    # A reference on GPUs of its own: the plan has no training budget, only forward passes.
+    from rlkube.runtime.trainers.memory_plan import GIB, HeldModel, ModelShape, PlanRequest, make_plan
+
+    shape = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=259)
+    ref = HeldModel("reference", shape, params=107_456, trainable=0, dtype_bytes=2)
+    made = make_plan(PlanRequest(capacity=8 * GIB, fraction=0.9, in_use=0, models=(ref,), row_tokens=64))
+    assert made.train_tokens == 0 and made.forward_tokens > 100_000
+    b = RLBudgets(BatchingSpec(mode="adaptive"), made, None)
+    assert b.forward_tokens >= made.forward_tokens - 1  # not one token a micro-batch
+    cut = b.micro_batches([64] * 32, [list(range(32))], 0, forward=True)
+    assert [len(mb) for mb in cut] == [32]

@@ -75,6 +75,8 @@ class RLBudgets:
                                        budget=plan.train_tokens if plan is not None and plan.train_tokens else None,
                                        grow=plan is None)
         self.forward_ratio = plan.forward_ratio if plan is not None else 1.0
+        if plan is not None and not plan.train_tokens:  # trains nothing here (a reference of its own)
+            self.forward_ratio = plan.forward_tokens / self.batcher.budget
         self.forward_scale = 1.0  # halved by each out-of-memory error in a forward-only pass
         self.decode_rows = plan.decode_rows if plan is not None and plan.decode_rows else decode_rows
         self.oom_retries = 0  # this step's redos, reported in the step record

@@ -235,6 +235,7 @@ class DPOTrainer(Trainer):
             avoid_cudnn_sdpa(ctx.device)  # row shapes change every micro-batch
         self.batcher = AdaptiveBatcher(config.batching, packed=packing and not self.rows_per_sequence, min_budget=1,
                                        budget=self.plan.train_tokens if self.plan is not None else None)
+        self._agree_budget()
         vocab = lm.get_input_embeddings().weight.shape[0]
         if vocab < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -270,6 +271,11 @@ class DPOTrainer(Trainer):
         self.row_tokens = config.data.max_seq_len if self.attention in ("sdpa", "eager") else None
         self.row_multiple = 128 if self.attention == "flex_attention" else 1
         self.row_min = COMPILED_MIN_TOKENS if self.compiled and self.row_tokens is None else 0
+
+    def _agree_budget(self) -> None:
+        """Every rank takes the job's smallest token budget: each rank's plan and calibration are its
+        own, and a rank with more micro-batches than another would hang it in FSDP's collectives."""
+        self.batcher.budget = int(-all_reduce_max(self.ctx, [-float(self.batcher.budget)])[0])
 
     def export_source(self) -> tuple[torch.nn.Module, str]:
         return self.policy, ""
@@ -457,6 +463,7 @@ class DPOTrainer(Trainer):
             decision = self.batcher.calibrate(int(peak * self.plan.capacity), self.plan.resident, self.plan.left,
                                               largest)
         decision = decision or self.batcher.observe(Measurement(peak, job.step_min, rec.seconds))
+        self._agree_budget()
         rec.fields["tokenBudget"] = self.batcher.budget  # the budget the next step plans with
         if decision and self.ctx.is_main:
             log.info("step %d: batcher: %s", rec.step, decision)

@@ -28,7 +28,7 @@ import torch
 
 from rlkube.runtime.contract.config import BatchingSpec, RuntimeConfig
 from rlkube.runtime.engine.policy import host_to_device
-from rlkube.runtime.infra.distributed import DistContext
+from rlkube.runtime.infra.distributed import DistContext, all_reduce_max
 from rlkube.runtime.infra.log import log
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, equalise, split_share
 from rlkube.runtime.trainers.memory_plan import MemoryPlan
@@ -68,6 +68,7 @@ class RLBudgets:
     def __init__(self, spec: BatchingSpec, plan: MemoryPlan | None, decode_rows: int | None) -> None:
         self.spec = spec
         self.planned = plan is not None
+        self.trains = plan is not None and bool(plan.train_tokens)  # the plan sized a training budget here
         # With a plan the budget grows once, from the first step's measurement (calibrate), not from
         # later peaks: those do not show the checkpoint snapshot's room, which the plan keeps free
         # (grown into, a 1.5B PPO reached 93% of an H100 in the steps after a save).
@@ -112,6 +113,22 @@ class RLBudgets:
             return None
         self.calibrated = True
         return self.batcher.calibrate(peak_reserved, plan.resident, plan.left, self.largest_tokens)
+
+    def agree(self, ctx: DistContext) -> None:
+        """Every rank takes the job's smallest training and forward budgets (of the ranks whose plan
+        sized them): each rank cuts every rank's share of a role with its own budgets, and a rank
+        with more micro-batches than another of its role would hang it in FSDP's collectives.
+        Collective; called where a budget may have moved (the plan, a resume, after a step)."""
+        if not ctx.initialized:
+            return
+        none = float("-inf")
+        mine = [-float(self.batcher.budget) if self.trains else none,
+                -float(self.forward_tokens) if self.planned else none]
+        train, forward = (-v for v in all_reduce_max(ctx, mine))
+        if train != float("inf"):
+            self.batcher.budget = int(train)
+        if forward != float("inf"):  # forward_tokens is then `forward` (+0.5: int() of a float product)
+            self.forward_ratio = (forward + 0.5) / (self.batcher.budget * self.forward_scale)
 
     # -- out of memory ------------------------------------------------------------------------
     def _can_redo(self, world_size: int, what: str) -> bool:

@@ -102,6 +102,7 @@ class RLTrainer(Trainer):
         actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
         self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows, prompt_width)
         self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows)
+        self.budgets.agree(self.ctx)
         self.checkpoint_staging = staging_of(self.plan)
         self._build_workers()
         sampling = SamplingParams.from_rollout(cfg.rollout, self.tokenizer.eos_id, self.tokenizer.pad_id)
@@ -256,6 +257,7 @@ class RLTrainer(Trainer):
         peak = rec.fields["peakMemoryFraction"]
         decision = self.budgets.calibrate(int(peak * self.plan.capacity) if peak and self.plan else None, self.plan)
         decision = decision or self.budgets.observe(Measurement(peak, job.step_min, rec.seconds))
+        self.budgets.agree(self.ctx)
         if decision is not None and self.ctx.is_main:
             log.info("step %d: memory budget: %s", rec.step, decision)
         rec.fields.update(self.budgets.record())
@@ -267,6 +269,7 @@ class RLTrainer(Trainer):
     def load_trainer_state(self, state: dict) -> None:
         if "budgets" in state:  # a checkpoint written before budgets were learned has none
             self.budgets.load_state_dict(state["budgets"])
+            self.budgets.agree(self.ctx)
             if self.actor is not None:
                 self.actor.engine.decoder.batch_rows = self.budgets.decode_rows
 

@@ -70,3 +70,15 @@ def test_a_rank_that_trains_nothing_scores_with_the_plans_forward_budget():
     assert b.forward_tokens >= made.forward_tokens - 1  # not one token a micro-batch
     cut = b.micro_batches([64] * 32, [list(range(32))], 0, forward=True)
     assert [len(mb) for mb in cut] == [32]
+
+
+def test_calibration_does_not_undo_an_out_of_memory_shrink():
+    b = RLBudgets(BatchingSpec(), plan(), None)
+    failed = rows(*[1000] * 8)  # 8,000 tokens ran out of memory in the first step
+    assert b.training_oom(failed, world_size=1)
+    assert b.train_tokens == 4000
+    b.largest_tokens = 8000
+    # a peak that, read as the cost of 8,000 tokens, would allow 16,000
+    assert b.calibrate(30 << 30, plan()) is None
+    assert b.train_tokens == 4000
+

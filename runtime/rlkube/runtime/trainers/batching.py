@@ -217,8 +217,9 @@ class AdaptiveBatcher:
         """After the first step, when a memory plan sized the budget: raise it to what a token
         measurably cost (the step's peak beyond the resident weights and optimizer state, over the
         step's largest micro-batch), where that allows more than the plan's model did (compiled
-        layers keep less than it counts). Grows only, at most MAX_CALIBRATION times; adaptive mode."""
-        if not self.adaptive or largest_cost <= 0:
+        layers keep less than it counts). Grows only, at most MAX_CALIBRATION times; adaptive mode;
+        not while an out-of-memory error holds the budget down (the step's peak is the failure's)."""
+        if not self.adaptive or largest_cost <= 0 or self.hold:
             return None
         per_token = max(peak_bytes - resident_bytes, 1) / largest_cost
         old, fits = self.budget, int(left_bytes / per_token)

@@ -91,3 +91,45 @@ def test_a_job_that_cannot_fit_fails_at_start_with_exit_3(tmp_path, monkeypatch,
     message = json.loads(termination.read_text())[failure.TERMINATION_ERROR_KEY]
     assert message[failure.ERROR_FIELD] == "model" and "actorAdamW" in message[failure.ERROR_MESSAGE], message
     assert not (tmp_path / "ckpt").exists()  # nothing was written: it failed before the first step
+
+
+
+def test_a_resumed_dpo_run_keeps_the_budget_it_learned(tmp_path, monkeypatch):
+    """The first step's calibration is the job's: a resumed run starts from the checkpoint's budget
+    and does not calibrate again from its own first step."""
+    from types import SimpleNamespace
+
+    from rlkube.runtime.infra.distributed import init_from_env
+    from rlkube.runtime.trainers import dpo
+
+    from .conftest import tiny_config
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(plan_request, "device_memory", lambda device: (2 * GIB, 200 << 20))
+
+    def config(steps: int) -> RuntimeConfig:
+        cfg = tiny_config(tmp_path, batching={"globalBatch": 8, "mode": "adaptive"}, training={"steps": steps},
+                          checkpoint={"everySteps": 1})
+        del cfg["batching"]["maxTokensPerGpu"]
+        return RuntimeConfig.model_validate(cfg)
+
+    def observed(step: int) -> tuple[int, int, int]:
+        """(start step, budget before and after observing step `step` with a low measured peak) of
+        a trainer built from the checkpoint directory as it is."""
+        trainer = dpo.DPOTrainer(config(4), init_from_env())
+        try:
+            rec = SimpleNamespace(step=step, seconds=1.0, fields={"peakMemoryFraction": (5 << 20) / (2 * GIB)})
+            before = trainer.batcher.budget
+            trainer.observe(rec, SimpleNamespace(step_min=None))
+            return trainer.start_step, before, trainer.batcher.budget
+        finally:
+            trainer.checkpointer.close()
+            trainer.close()
+
+    start, planned, calibrated = observed(1)
+    assert start == 0 and calibrated > planned  # the job's first step calibrates
+    learned = dpo.train(config(2)).records[-1]["tokenBudget"]  # on the CPU: no peak, nothing calibrated
+    start, before, after = observed(3)
+    assert (start, before) == (2, learned)
+    assert after == learned

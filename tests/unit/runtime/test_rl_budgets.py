@@ -82,3 +82,14 @@ def test_calibration_does_not_undo_an_out_of_memory_shrink():
     assert b.calibrate(30 << 30, plan()) is None
     assert b.train_tokens == 4000
 
+
+def test_a_resumed_run_does_not_calibrate_again():
+    first = RLBudgets(BatchingSpec(), plan(), None)
+    first.largest_tokens = 8000
+    first.calibrate(30 << 30, plan())
+    first.batcher.budget = 12000  # shrunk later by a measured peak above the target
+    resumed = RLBudgets(BatchingSpec(), plan(), None)
+    resumed.load_state_dict(first.state_dict())
+    resumed.largest_tokens = 12000
+    assert resumed.calibrate((10 << 30) + 12000 * (1 << 20), plan()) is None
+    assert resumed.train_tokens == 12000

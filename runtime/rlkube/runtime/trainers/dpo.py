@@ -458,7 +458,8 @@ class DPOTrainer(Trainer):
         least busy rank's mean over the step, the same on every rank)."""
         peak = rec.fields["peakMemoryFraction"]
         decision = None
-        if self.plan is not None and peak and rec.step == self.start_step + 1:  # this run's first step
+        # the job's first step (a resumed run starts from the budget its checkpoint learned)
+        if self.plan is not None and peak and rec.step == 1:
             largest = max(micro_batch_cost(mb, self.batcher.packed) for mb, _ in self.step_items(rec.step - 1))
             decision = self.batcher.calibrate(int(peak * self.plan.capacity), self.plan.resident, self.plan.left,
                                               largest)

@@ -178,12 +178,13 @@ class RLBudgets:
 
     def state_dict(self) -> dict:
         return {"batcher": self.batcher.state_dict(), "forwardScale": self.forward_scale,
-                "decodeRows": self.decode_rows}
+                "decodeRows": self.decode_rows, "calibrated": self.calibrated}
 
     def load_state_dict(self, state: dict) -> None:
         self.batcher.load_state_dict(state["batcher"])
         self.forward_scale = float(state.get("forwardScale", 1.0))
         self.decode_rows = state.get("decodeRows", self.decode_rows)
+        self.calibrated = bool(state.get("calibrated", True))  # written after a first step: calibrated then
 
 
 def role_micro_batches(budgets: RLBudgets, groups: RoleGroups, role: str, rows: torch.Tensor,

@@ -133,3 +133,22 @@ def test_a_resumed_dpo_run_keeps_the_budget_it_learned(tmp_path, monkeypatch):
     start, before, after = observed(3)
     assert (start, before) == (2, learned)
     assert after == learned
+
+
+def test_a_lora_actors_critic_is_planned_as_trained_in_full(tmp_path, monkeypatch):
+    """The critic takes the actor's model spec but not its adapters (CriticWorker trains every
+    parameter): its gradients and AdamW moments are those of the whole model."""
+    from rlkube.runtime.infra.distributed import init_from_env
+    from rlkube.runtime.trainers.rl.budgets import plan_rl_memory
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(plan_request, "device_memory", lambda device: (8 * GIB, 200 << 20))
+    cfg = rl_config(tmp_path, "ppo", model={"lora": {"rank": 4, "targetModules": ["q_proj", "v_proj"]}})
+    config = RuntimeConfig.model_validate(cfg)
+    made = plan_rl_memory(config, init_from_env(config.device_map), {"actor", "critic"}, True, 32, 16)
+    critic = plan_request.held_model("critic", config.model.model_copy(update={"lora": None}), 1, True)
+    assert critic.trainable == critic.params
+    assert made.terms["criticGradients"] == critic.gradients
+    assert made.terms["criticAdamW"] == critic.optimizer
+    assert made.terms["actorGradients"] < made.terms["criticGradients"] // 10  # the actor trains adapters only

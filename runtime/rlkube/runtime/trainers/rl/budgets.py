@@ -222,7 +222,8 @@ def plan_rl_memory(config: RuntimeConfig, ctx: DistContext, here: set[str], with
     if "actor" in here:
         held.append(held_model("actor", config.model, shards_of(ctx, "actor"), True, t.trainable_modules))
     if with_critic and "critic" in here:
-        held.append(held_model("critic", roles.critic.model or config.model, shards_of(ctx, "critic"), True))
+        critic = (roles.critic.model or config.model).model_copy(update={"lora": None})  # trained in full
+        held.append(held_model("critic", critic, shards_of(ctx, "critic"), True))
     if t.kl > 0 and "reference" in here and not reference_shares_actor(config, config.device_map or {}):
         held.append(held_model("reference", roles.reference.model or config.model, shards_of(ctx, "reference"),
                                False))

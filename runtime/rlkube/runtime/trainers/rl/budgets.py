@@ -4,7 +4,7 @@ Three budgets, all from the memory plan (trainers/memory_plan.py) on a GPU:
 - training micro-batches (actor and critic), in padded tokens (rows x the longest row: RL rows
   are not packed), held by the adaptive batcher (trainers/batching.py), which follows each step's
   measured peak memory in 'adaptive' mode;
-- forward-only passes (old log-probs, reference, values): the same memory at a forward token's
+- forward-only passes (old log-probs, reference, values, reward model): the same memory at a forward token's
   cost, so `forward_ratio` times the training budget;
 - decode rows of the actor's rollout.
 

@@ -75,7 +75,7 @@ class Scorer:
         self.config, self.groups, self.tokenizer, self.data = config, groups, tokenizer, data
         self.with_values, self.with_old_logprobs = with_values, with_old_logprobs
         self.values, self.old_logprobs = values, old_logprobs
-        self.budgets = budgets  # forward-only micro-batches (the reference's)
+        self.budgets = budgets  # forward-only micro-batches (the reference's, the reward model's)
         self.use_reference = config.training.kl > 0
         ctx, reward, seed = groups.ctx, config.roles.reward, config.training.seed
         self.reference = self.reward_fn = self.reward_model = None
@@ -103,8 +103,13 @@ class Scorer:
         if self.reward_fn is not None:
             prompts, completions = self._completion_texts(rollout, rows, data if data is not None else self.data)
             return score_with_function(self.reward_fn, prompts, completions)
-        device = self.groups.ctx.device
-        return self.reward_model(rollout.sequences[rows].to(device), rollout.attention_mask[rows].to(device))
+        batches = role_micro_batches(self.budgets, self.groups, "reward", torch.arange(rollout.rows),
+                                     rollout.lengths, forward=True)
+        out = []
+        for batch in batches:
+            seq, att, _ = rollout.on_device(batch, self.groups.ctx.device)
+            out.append(self.reward_model(seq, att))
+        return in_row_order(out, batches, rows.start or 0)
 
     def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         batches = role_micro_batches(self.budgets, self.groups, "reference", torch.arange(rollout.rows),

@@ -1,11 +1,11 @@
 """The spec of an RLTrainingJob: `RLTrainingJobSpec` and the sections only the operator reads.
 
-The spec embeds the runtime's own config sections (`rlkube.runtime.contract.config`: model, roles,
-data, batching, training, rollout, checkpoint) unchanged, so every such field is described, bounded
-and validated in one place, and adds what only the operator needs: placement, elasticity, run
-policy and the pod template knobs (image, resources, node selection). Cross-field rules live in
-model validators here; the CRD carries the same rules as CEL so the API server enforces them at
-admission too.
+The spec is the runtime's `RunSections` (`rlkube.runtime.contract.config`: algorithm, model,
+roles, data, batching, training, rollout, checkpoint, export, declared and validated there once)
+plus what only the operator needs: placement, elasticity, run policy and the pod template knobs
+(image, resources, node selection). `runtime_config` hands the sections to the trainer as they
+are. The job's own cross-field rules live in model validators here; the CRD carries the same
+rules as CEL so the API server enforces them at admission too.
 """
 
 from __future__ import annotations
@@ -34,21 +34,12 @@ from rlkube.operator.api.validation.pod import RESOURCES, SECURITY, TOLERATION, 
 from rlkube.operator.api.validation.rule import check
 from rlkube.operator.api.validation.rule import problems as rule_problems
 from rlkube.operator.api.validation.sections import ELASTIC
-from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
-from rlkube.runtime.contract.algorithms import AlgorithmName
 from rlkube.runtime.contract.config import (
     MAX_NAME_LEN,
     MAX_PATH_LEN,
-    BatchingSpec,
-    CheckpointSpec,
-    DataSpec,
-    ExportSpec,
-    ModelSpec,
-    RolesSpec,
-    RolloutSpec,
+    RunSections,
     RuntimeConfig,
     Spec,
-    TrainingSpec,
     device_map,
 )
 from rlkube.runtime.contract.pod import (
@@ -304,30 +295,9 @@ class VolumeSpec(Spec):
 # ---------------------------------------------------------------------------------------------
 
 
-class RLTrainingJobSpec(Spec):
+class RLTrainingJobSpec(RunSections):
     """Desired state of an RL post-training run: what to train, on which GPUs, and how."""
 
-    algorithm: AlgorithmName = Field(
-        description="RL algorithm: dpo (preference pairs, no rollouts), kto (completions labelled "
-        "desirable or not, no rollouts), ppo (critic and GAE), or grpo (group-relative advantages, no "
-        "critic). Immutable."
-    )
-    model: ModelSpec = Field(description="The actor's model (the one being trained). Immutable.")
-    roles: RolesSpec = Field(
-        description="The job's roles and their device groups: each role has GPUs of its own or "
-        "colocates with another role. Immutable."
-    )
-    data: DataSpec = Field(description="Training data (preference pairs for dpo, prompts for ppo/grpo).")
-    batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batch sizing.")
-    training: TrainingSpec = Field(
-        default_factory=TrainingSpec, description="Optimizer and algorithm knobs."
-    )
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Generation settings (ppo, grpo).")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
-    export: ExportSpec = Field(
-        default_factory=ExportSpec,
-        description="The trained model as a Hugging Face directory; its path and step appear in status.outputs.",
-    )
     placement: PlacementSpec = Field(
         default_factory=PlacementSpec, description="Packing of GPUs into pods and topology-aware placement."
     )
@@ -408,11 +378,10 @@ class RLTrainingJobSpec(Spec):
                 raise ValueError(f"each {what} must be unique, got {', '.join(repeated)} more than once")
         return volumes
 
-    @model_validator(mode="after")
-    def _cross_field(self) -> RLTrainingJobSpec:
-        # Every problem on its own line, each starting with its path, so the user sees them all
-        # at once (the error formatter splits the lines and prefixes the location).
-        problems = algorithm_setting_problems(self)
+    def problems(self) -> list[str]:
+        """The run's rules across sections (`RunSections`), then the job's own: paths, model types,
+        sources and elastic splits (`validation.spec_problems`), and the GPUs making whole pods."""
+        problems = super().problems()
         problems.extend(spec_problems(self))
         total = self.total_gpus()
         if total < 1:
@@ -428,9 +397,7 @@ class RLTrainingJobSpec(Spec):
             problems.append(f"placement.gpusPerPod: {total // per_pod} pods, at most {MAX_PODS} allowed")
         if self.elastic is not None:
             problems.extend(self._elastic_problems(total, per_pod))
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
+        return problems
 
     def _elastic_problems(self, total: int, per_pod: int) -> list[str]:
         assert self.elastic is not None
@@ -487,15 +454,7 @@ class RLTrainingJobSpec(Spec):
         """The trainer's config for this spec (what the operator renders into run.yaml), serving
         on the port the operator probes and polls (the contract's, not a spec field)."""
         return RuntimeConfig(
-            algorithm=self.algorithm,
-            model=self.model,
-            roles=self.roles,
-            data=self.data,
-            batching=self.batching,
-            training=self.training,
-            rollout=self.rollout,
-            checkpoint=self.checkpoint,
-            export=self.export,
+            **self.sections(),
             device_map=device_map if device_map is not None else self.device_map(),
             progress_port=PROGRESS_PORT,
         )

@@ -1,10 +1,15 @@
-"""The runtime's whole input: one pydantic model, `RuntimeConfig`, of the sections in
-`contract.sections` (and `contract.rollout`), checked across sections by `algorithm_settings`.
+"""The runtime's whole input, and the one declaration of a run's sections.
 
-Every section is imported from here (the sections and their own rules, the rollout section, and
-the shared bounds of `contract.spec`), so that `config` stays the one place to import the
-contract's models from. The modules that build the rules across sections import
-`contract.sections` instead, so this module's import of them is not a circle.
+`RunSections` declares the sections of a run (`contract.sections`: model, roles, data, batching,
+training, rollout, checkpoint, export, each in its own module with its own rules) and runs the
+rules across them (`algorithm_settings`). `RuntimeConfig` is `RunSections` plus what one trainer
+process needs; the operator's `RLTrainingJobSpec` is `RunSections` plus what only the operator
+reads, and hands the sections to the trainer as they are.
+
+Every section is imported from here (the sections and their own rules, and the shared bounds of
+`contract.spec`), so that `config` stays the one place to import the contract's models from. The
+modules that build the rules across sections import `contract.sections` instead, so this
+module's import of them is not a circle.
 
 Field names are snake_case in Python and camelCase on the wire (YAML, the CRD). Unknown fields
 are errors. This module must stay importable without torch: the operator imports it.
@@ -18,7 +23,6 @@ from pydantic import Field, model_validator
 
 from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
 from rlkube.runtime.contract.algorithms import AlgorithmName
-from rlkube.runtime.contract.rollout import RolloutSpec
 from rlkube.runtime.contract.sections import (
     EVAL_SOURCE,
     MICRO_BATCH_BOUNDS,
@@ -33,6 +37,7 @@ from rlkube.runtime.contract.sections import (
     ModelSpec,
     RoleSpec,
     RolesSpec,
+    RolloutSpec,
     TrainingSpec,
     device_map,
 )

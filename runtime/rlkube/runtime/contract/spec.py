@@ -1,12 +1,14 @@
 """The base every config model derives from, and the bounds the runtime config and the CRD share.
 
-A module of its own so that the sections split out of `config` (`rollout`) and `config` itself
-derive from one `Spec` without importing each other.
+A module of its own so that the sections (`contract.sections`) and `config` itself derive from
+one `Spec` without importing each other.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 # Bounds shared by the runtime config and the CRD schema (maxLength / maxItems there).
@@ -25,3 +27,8 @@ class Spec(BaseModel):
         extra="forbid",
         validate_default=True,
     )
+
+
+def optional_path(description: str) -> Any:
+    """A path field that may be unset (None), but not empty, and no longer than MAX_PATH_LEN."""
+    return Field(default=None, min_length=1, max_length=MAX_PATH_LEN, description=description)

@@ -51,14 +51,15 @@ from __future__ import annotations
 from typing import Any
 
 from rlkube.operator.api.validation import elastic, paths, pod, roles, rule, sections
-from rlkube.runtime.contract import algorithm_settings, config, model_types, role_rules
+from rlkube.runtime.contract import algorithm_settings, config, model_types
+from rlkube.runtime.contract.sections import roles_spec
 
 # CEL rules on the object of a pydantic model (they follow the model wherever the CRD generator
 # inlines it), by model name.
 MODEL_RULES: dict[str, list[dict]] = {
     "ModelSpec": [*rule.crd(config.MODEL_SOURCE), *paths.MODEL_PATH_CEL],
     "RoleSpec": rule.crd(config.ROLE_SOURCE),
-    "RolesSpec": rule.crd(role_rules.ROLES_RULES),
+    "RolesSpec": rule.crd(roles_spec.ROLES_RULES),
     "BatchingSpec": rule.crd(config.MICRO_BATCH_BOUNDS),
     "DataSpec": [*rule.crd(config.EVAL_SOURCE), *paths.DATA_PATH_CEL],
     "ElasticSpec": rule.crd(sections.ELASTIC),

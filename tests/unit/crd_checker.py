@@ -19,7 +19,7 @@ import functools
 import re
 from typing import Any
 
-from rlkube.operator.api.validation.pod import quantity_value
+from rlkube.operator.api.pod_spec import quantity_value
 
 # ---------------------------------------------------------------------------------------------
 # Defaulting and structural validation

@@ -6,10 +6,10 @@ resizes, every size splits a mini-batch evenly) are the job's (`validation.elast
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rlkube.operator.api.limits import MAX_PODS
-from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.spec import Spec
 
 ELASTIC = (
@@ -27,21 +27,17 @@ class ElasticSpec(Spec):
     on a ReadWriteMany volume). PPO/GRPO: a mini-batch (globalBatch x groupSize / miniBatches)
     must split evenly over the actor's GPUs at every size in the range, not only the full one."""
 
+    RULES = ELASTIC
+
     min_workers: int = Field(
-        ge=1,
-        le=MAX_PODS,
+        ge=1, le=MAX_PODS,
         description="Fewest pods the job keeps running with (the actor's data-parallel group "
         "shrinks; the global batch is kept by more gradient accumulation). At most the pods the "
         "roles' GPUs make.",
     )
     max_workers: int = Field(
-        ge=1,
-        le=MAX_PODS,
+        ge=1, le=MAX_PODS,
         description="Most pods the job grows to when GPUs become free. At least minWorkers and "
         "the pods the roles' GPUs make.",
     )
 
-    @model_validator(mode="after")
-    def _range(self) -> ElasticSpec:
-        check(ELASTIC, self)
-        return self

@@ -14,16 +14,14 @@ from rlkube.operator.api.limits import (
     LABEL_KEY_PATTERN,
     MAX_GPUS_PER_POD,
 )
-from rlkube.runtime.contract.spec import Spec
+from rlkube.runtime.contract.spec import Spec, repeated
 
 
 class PlacementSpec(Spec):
     """How the job's GPUs are packed into pods and which topology domains hold each role's group."""
 
     gpus_per_pod: int = Field(
-        default=1,
-        ge=1,
-        le=MAX_GPUS_PER_POD,
+        default=1, ge=1, le=MAX_GPUS_PER_POD,
         description="GPUs (and trainer processes) per pod; one pod per node slot. The job's total "
         "GPUs must be a multiple of it. Set it to the GPUs of one node (say 8) so a role's group "
         "shares NVLink inside one pod.",
@@ -46,9 +44,7 @@ class PlacementSpec(Spec):
         "has to span domains is reported in an Event.",
     )
     gang_timeout_seconds: int = Field(
-        default=600,
-        ge=1,
-        le=604_800,
+        default=600, ge=1, le=604_800,
         description="How long the whole gang may wait for GPUs to be placed before the job fails "
         "with reason Unschedulable.",
     )
@@ -56,7 +52,6 @@ class PlacementSpec(Spec):
     @field_validator("topology_keys")
     @classmethod
     def _unique_keys(cls, keys: list[str]) -> list[str]:
-        duplicates = sorted({key for key in keys if keys.count(key) > 1})
-        if duplicates:
+        if duplicates := repeated(keys):
             raise ValueError(f"must not repeat a key, got {', '.join(duplicates)} more than once")
         return keys

@@ -13,7 +13,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rlkube.operator.api.limits import (
     LABEL_KEY_MAX,
@@ -23,7 +23,7 @@ from rlkube.operator.api.limits import (
     QUANTITY_MAX_LEN,
     QUANTITY_PATTERN,
 )
-from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.rule import cel_entry as rule
 from rlkube.runtime.contract.spec import Spec
 
@@ -94,6 +94,8 @@ class ResourceList(Spec):
 class PodResources(Spec):
     """CPU and memory of each pod. GPUs are not set here: each pod gets placement.gpusPerPod."""
 
+    RULES = RESOURCES
+
     requests: ResourceList = Field(
         default_factory=ResourceList, description="Amounts the scheduler reserves for each pod."
     )
@@ -101,10 +103,6 @@ class PodResources(Spec):
         default_factory=ResourceList, description="Most each pod may use (memory: OOM-killed above)."
     )
 
-    @model_validator(mode="after")
-    def _requests_within_limits(self) -> PodResources:
-        check(RESOURCES, self)
-        return self
 
 
 # -- label keys of the node selector --------------------------------------------------------------
@@ -152,33 +150,25 @@ TOLERATION = (
 class Toleration(Spec):
     """A pod toleration, as in the Pod API."""
 
+    RULES = TOLERATION
+
     key: str | None = Field(
-        default=None,
-        max_length=LABEL_KEY_MAX,
-        pattern=LABEL_KEY_PATTERN,
+        default=None, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY_PATTERN,
         description="Taint key the toleration matches; unset with operator Exists matches all taints.",
     )
     operator: Literal["Exists", "Equal"] = Field(default="Equal", description="How key and value match.")
     value: str | None = Field(
-        default=None,
-        max_length=LABEL_VALUE_MAX,
-        pattern=LABEL_VALUE_PATTERN,
+        default=None, max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN,
         description="Taint value (operator Equal).",
     )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect matched; unset matches all effects."
     )
     toleration_seconds: int | None = Field(
-        default=None,
-        ge=0,
-        le=31_536_000,
+        default=None, ge=0, le=31_536_000,
         description="NoExecute only: seconds the pod stays bound after the taint appears.",
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Toleration:
-        check(TOLERATION, self)
-        return self
 
 
 # -- security context -----------------------------------------------------------------------------
@@ -193,6 +183,8 @@ SECURITY = (
 class PodSecurity(Spec):
     """Overrides of the pods' security context (the operator's default runs as non-root 1000)."""
 
+    RULES = SECURITY
+
     run_as_user: int | None = Field(default=None, ge=0, le=2**31 - 1, description="UID of the trainer process.")
     run_as_group: int | None = Field(default=None, ge=0, le=2**31 - 1, description="GID of the trainer process.")
     fs_group: int | None = Field(
@@ -202,7 +194,3 @@ class PodSecurity(Spec):
         default=None, description="Refuse to start a container whose user is root."
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> PodSecurity:
-        check(SECURITY, self)
-        return self

@@ -16,7 +16,7 @@ from rlkube.runtime.contract.pod import (
     PERMANENT_EXIT_CODES,
 )
 from rlkube.runtime.contract.rule import cel_entry
-from rlkube.runtime.contract.spec import Spec
+from rlkube.runtime.contract.spec import Spec, repeated
 
 # The CEL twin of `RunPolicySpec._unique_codes`' refusal of the SIGTERM code (uniqueness is the
 # list's type, a set).
@@ -30,23 +30,17 @@ class RunPolicySpec(Spec):
     """What happens when pods fail, how long a job may run, and when it is cleaned up."""
 
     backoff_limit: int = Field(
-        default=3,
-        ge=0,
-        le=1000,
+        default=3, ge=0, le=1000,
         description="Gang restarts (from the latest checkpoint) allowed after retriable failures "
         "before the job fails.",
     )
     active_deadline_seconds: int | None = Field(
-        default=None,
-        ge=1,
-        le=31_536_000,
+        default=None, ge=1, le=31_536_000,
         description="Wall-clock seconds since the job started after which it is stopped and fails "
         "with reason DeadlineExceeded. Unset: no limit.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        default=None,
-        ge=0,
-        le=31_536_000,
+        default=None, ge=0, le=31_536_000,
         description="Seconds after the job succeeded or failed when it is deleted (its pods with "
         "it). Unset: kept until deleted by hand.",
     )
@@ -56,8 +50,7 @@ class RunPolicySpec(Spec):
         "resumes. Queue controllers such as Kueue admit a job by setting it to false.",
     )
     fail_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
-        default_factory=lambda: list(PERMANENT_EXIT_CODES),
-        max_length=32,
+        default_factory=lambda: list(PERMANENT_EXIT_CODES), max_length=32,
         description="Trainer exit codes that fail the job at once instead of restarting it "
         f"({EXIT_CONFIG}: invalid config, {EXIT_NON_FINITE}: non-finite loss).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
@@ -66,8 +59,7 @@ class RunPolicySpec(Spec):
     @field_validator("fail_on_exit_codes")
     @classmethod
     def _unique_codes(cls, codes: list[int]) -> list[int]:
-        duplicates = sorted({code for code in codes if codes.count(code) > 1})
-        if duplicates:
+        if duplicates := repeated(codes):
             raise ValueError(f"must not repeat a code, got {', '.join(map(str, duplicates))} more than once")
         if EXIT_TERMINATED in codes:
             raise ValueError(

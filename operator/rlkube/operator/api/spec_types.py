@@ -25,6 +25,7 @@ from rlkube.operator.api.validation import spec_problems
 from rlkube.operator.api.volume_spec import VolumeSpec
 from rlkube.runtime.contract.config import MAX_NAME_LEN, RunSections, RuntimeConfig, device_map
 from rlkube.runtime.contract.pod import PROGRESS_PORT
+from rlkube.runtime.contract.spec import repeated
 
 
 class RLTrainingJobSpec(RunSections):
@@ -43,8 +44,7 @@ class RLTrainingJobSpec(RunSections):
         default_factory=RunPolicySpec, description="Restarts, deadlines, suspension and clean-up."
     )
     image: str = Field(
-        max_length=1024,
-        pattern=r"^[^\s]+$",
+        max_length=1024, pattern=r"^[^\s]+$",
         description="Container image of the rlkube runtime, e.g. 'localhost/rlkube/runtime-cpu:dev'.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -56,38 +56,30 @@ class RLTrainingJobSpec(RunSections):
     node_selector: dict[
         str, Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN)]
     ] = Field(
-        default_factory=dict,
-        max_length=64,
+        default_factory=dict, max_length=64,
         description="Node labels every pod requires (added to the placement's node affinity).",
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations of every pod (GPU node taints, say)."
     )
     scheduler_name: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_LEN,
-        pattern=DNS_SUBDOMAIN_PATTERN,
+        default=None, max_length=MAX_NAME_LEN, pattern=DNS_SUBDOMAIN_PATTERN,
         description="Scheduler of the pods (a gang scheduler such as Volcano). Unset: the default "
         "scheduler.",
     )
     priority_class_name: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_LEN,
-        pattern=DNS_SUBDOMAIN_PATTERN,
+        default=None, max_length=MAX_NAME_LEN, pattern=DNS_SUBDOMAIN_PATTERN,
         description="PriorityClass of the pods. Unset: the cluster's default priority.",
     )
     service_account_name: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_LEN,
-        pattern=DNS_SUBDOMAIN_PATTERN,
+        default=None, max_length=MAX_NAME_LEN, pattern=DNS_SUBDOMAIN_PATTERN,
         description="ServiceAccount the pods run as. Unset: the namespace's default.",
     )
     security_context: PodSecurity | None = Field(
         default=None, description="Overrides of the pods' security context."
     )
     volumes: list[VolumeSpec] = Field(
-        default_factory=list,
-        max_length=16,
+        default_factory=list, max_length=16,
         description="Extra volumes mounted into every pod: model weights, data sets.",
     )
 
@@ -105,9 +97,8 @@ class RLTrainingJobSpec(RunSections):
         names = [volume.name for volume in volumes]
         paths = [volume.mount_path for volume in volumes]
         for what, values in (("name", names), ("mountPath", paths)):
-            repeated = sorted({value for value in values if values.count(value) > 1})
-            if repeated:
-                raise ValueError(f"each {what} must be unique, got {', '.join(repeated)} more than once")
+            if twice := repeated(values):
+                raise ValueError(f"each {what} must be unique, got {', '.join(twice)} more than once")
         return volumes
 
     def problems(self) -> list[str]:

@@ -5,7 +5,7 @@ mount, and a unique mountPath in the list.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rlkube.operator.api.limits import DNS_LABEL_MAX, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
 from rlkube.operator.api.validation.paths import (
@@ -19,7 +19,6 @@ from rlkube.operator.api.validation.paths import (
 from rlkube.runtime.contract.pod import CONFIG_DIR
 from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.rule import cel_entry as rule
-from rlkube.runtime.contract.rule import problems as rule_problems
 from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, Spec
 
 
@@ -60,6 +59,8 @@ VOLUMES_CEL = [rule("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))
 class VolumeSpec(Spec):
     """A volume mounted read-only or read-write into every pod (model weights, data sets)."""
 
+    RULES = (VOLUME_SOURCE,)
+
     name: str = Field(
         max_length=DNS_LABEL_MAX, pattern=DNS_LABEL_PATTERN, description="Volume name (a DNS label)."
     )
@@ -67,22 +68,14 @@ class VolumeSpec(Spec):
         max_length=MAX_PATH_LEN, pattern=r"^/", description="Absolute path where it is mounted in the pod."
     )
     claim_name: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_LEN,
-        pattern=DNS_SUBDOMAIN_PATTERN,
+        default=None, max_length=MAX_NAME_LEN, pattern=DNS_SUBDOMAIN_PATTERN,
         description="PersistentVolumeClaim to mount. Exactly one of claimName and hostPath is set.",
     )
     host_path: str | None = Field(
-        default=None,
-        max_length=MAX_PATH_LEN,
-        pattern=r"^/",
+        default=None, max_length=MAX_PATH_LEN, pattern=r"^/",
         description="Directory on the node to mount. Exactly one of claimName and hostPath is set.",
     )
     read_only: bool = Field(default=True, description="Mount read-only.")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> VolumeSpec:
-        problems = [*rule_problems([VOLUME_SOURCE], self), *volume_problems(self.name, self.mount_path, self.host_path)]
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
+    def problems(self) -> list[str]:
+        return [*super().problems(), *volume_problems(self.name, self.mount_path, self.host_path)]

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from rlkube.runtime.contract.algorithm_settings import algorithm_setting_problems
+from rlkube.runtime.contract.algorithm_settings import SPEC_RULES
 from rlkube.runtime.contract.algorithms import AlgorithmName
 from rlkube.runtime.contract.sections import (
     EVAL_SOURCE,
@@ -57,6 +57,9 @@ class RunSections(Spec):
     `RLTrainingJobSpec` adds what only the operator reads (placement, elasticity, run policy, the
     pods), and hands these sections to the trainer unchanged (`sections`)."""
 
+    # The rules across sections (`algorithm_settings`); the job spec adds its own in `problems`.
+    RULES = SPEC_RULES
+
     algorithm: AlgorithmName = Field(
         description="RL algorithm: dpo (preference pairs, no rollouts), kto (completions labelled "
         "desirable or not, no rollouts), ppo (critic and GAE), or grpo (group-relative advantages, no "
@@ -82,20 +85,6 @@ class RunSections(Spec):
     def sections(self) -> dict[str, Any]:
         """The run's sections by field name, as they are (for a `RuntimeConfig` made of them)."""
         return {name: getattr(self, name) for name in RunSections.model_fields}
-
-    def problems(self) -> list[str]:
-        """Every rule across sections the run breaks, one 'path: what would be valid' line each
-        (paths relative to the spec); a subclass adds its own rules to the list."""
-        return algorithm_setting_problems(self)
-
-    @model_validator(mode="after")
-    def _rules(self) -> RunSections:
-        # Every problem on its own line, each starting with its path, so the user sees them all
-        # at once (the error formatters split the lines and prefix the location).
-        problems = self.problems()
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
 
 
 class RuntimeConfig(RunSections):

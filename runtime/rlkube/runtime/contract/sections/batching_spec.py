@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.spec import Spec
 
 MICRO_BATCH_BOUNDS = (
@@ -26,10 +26,10 @@ class BatchingSpec(Spec):
     micro-batches, forward-only passes and decode rows from what is left of memoryFraction of
     the card; an out-of-memory error halves the budget and redoes the work."""
 
+    RULES = MICRO_BATCH_BOUNDS
+
     global_batch: int = Field(
-        default=32,
-        ge=1,
-        le=1_048_576,
+        default=32, ge=1, le=1_048_576,
         description="Samples (pairs for DPO, prompts for PPO/GRPO) per optimizer step across all "
         "workers. Kept fixed when workers or micro-batches change.",
     )
@@ -41,37 +41,25 @@ class BatchingSpec(Spec):
         "In both, an out-of-memory error shrinks the micro-batch and redoes the work.",
     )
     min_micro_batch: int = Field(
-        default=1,
-        ge=1,
-        le=65536,
+        default=1, ge=1, le=65536,
         description="Smallest micro-batch (samples for DPO, rollout rows for PPO/GRPO) the adaptive "
         "batcher plans, whatever the token budget.",
     )
     max_micro_batch: int = Field(
-        default=64,
-        ge=1,
-        le=65536,
+        default=64, ge=1, le=65536,
         description="Largest micro-batch, in samples (DPO) or rollout rows (PPO/GRPO: prompts x "
         "groupSize), whatever the token budget.",
     )
     max_tokens_per_gpu: int | None = Field(
-        default=None,
-        ge=64,
-        le=16_777_216,
+        default=None, ge=64, le=16_777_216,
         description="Token budget of one training micro-batch on one GPU (packed tokens, or rows x "
         "longest row when padded; PPO/GRPO rows are padded). Unset: the memory plan's on a GPU, 16384 "
         "on a CPU. Set: the plan's budget is capped at this value (DPO's adaptive batcher may grow "
         "past it when measured memory allows, as before).",
     )
     memory_fraction: float = Field(
-        default=0.9,
-        ge=0.3,
-        le=0.98,
+        default=0.9, ge=0.3, le=0.98,
         description="Share of the GPU's memory the memory plan and the adaptive batcher may fill "
         "(peak reserved memory, CUDA context included). The rest is headroom.",
     )
 
-    @model_validator(mode="after")
-    def _bounds(self) -> BatchingSpec:
-        check(MICRO_BATCH_BOUNDS, self)
-        return self

@@ -18,9 +18,7 @@ class CheckpointSpec(Spec):
     every_steps: int = Field(default=50, ge=1, le=100_000_000, description="Checkpoint every N steps.")
     keep: int = Field(default=2, ge=1, le=1000, description="Committed checkpoints to keep.")
     volume_claim: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_LEN,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        default=None, max_length=MAX_NAME_LEN, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="PersistentVolumeClaim mounted at dir (shared by all pods). Unset: a hostPath "
         "per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a restarted gang on the same nodes "
         "resumes and a re-created job starts fresh.",

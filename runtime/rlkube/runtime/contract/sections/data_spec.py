@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, Spec, optional_path
 
 EVAL_SOURCE = (
@@ -50,9 +50,10 @@ class DataSpec(Spec):
     packing, lengthBucketing, prefetch and lengthMix apply to DPO only: PPO and GRPO generate
     from left-padded prompts taken inside the step."""
 
+    RULES = EVAL_SOURCE
+
     source: str = Field(
-        min_length=1,
-        max_length=MAX_PATH_LEN,
+        min_length=1, max_length=MAX_PATH_LEN,
         description="Path of a JSONL or Parquet file (or a directory of them), or of a directory "
         "written by Hugging Face datasets' save_to_disk (format 'arrow'). For format 'synthetic', a "
         "free label; the data is generated from `seed`.",
@@ -90,17 +91,13 @@ class DataSpec(Spec):
         "micro-batch to cut padding. PPO/GRPO do not bucket; the setting has no effect on them.",
     )
     prefetch: int = Field(
-        default=2,
-        ge=0,
-        le=64,
+        default=2, ge=0, le=64,
         description="DPO only: micro-batches prepared ahead on a background thread (the next step's "
         "first ones while this step's last one runs; 0: none, each when it is needed). PPO/GRPO take "
         "their prompts inside the step and accept only 2 (the default) or 0.",
     )
     num_samples: int = Field(
-        default=512,
-        ge=1,
-        le=100_000_000,
+        default=512, ge=1, le=100_000_000,
         description="Synthetic data only: number of samples (pairs for DPO, prompts for PPO/GRPO).",
     )
     length_mix: Literal["fixed", "longTailed"] = Field(
@@ -116,14 +113,8 @@ class DataSpec(Spec):
         "it cannot be). Not combinable with evalFraction.",
     )
     eval_fraction: float | None = Field(
-        default=None,
-        gt=0.0,
-        lt=1.0,
+        default=None, gt=0.0, lt=1.0,
         description="Hold out this fraction of the training data for evaluation (at least one sample), "
         "chosen by data.seed, so the same samples are held out on every rank and after a restart.",
     )
 
-    @model_validator(mode="after")
-    def _one_eval_source(self) -> DataSpec:
-        check(EVAL_SOURCE, self)
-        return self

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, Spec, optional_path
 from rlkube.runtime.contract.vocab import VOCAB_SIZE, vocab_size_problem
 
@@ -31,9 +31,7 @@ class LoraSpec(Spec):
     )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
     target_modules: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN)]] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        min_length=1,
-        max_length=64,
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64,
         description="Names (last path component) of the linear layers that get adapters, for example "
         "q_proj, v_proj, gate_proj.",
     )
@@ -42,20 +40,19 @@ class LoraSpec(Spec):
 class ModelSpec(Spec):
     """Which model to train and how to run it."""
 
+    RULES = MODEL_SOURCE
+
     path: str | None = optional_path(
         "Directory of a Hugging Face checkpoint, loaded with from_pretrained(path). "
         "Exactly one of path and config is set.",
     )
     config: dict[str, Any] | None = Field(
-        default=None,
-        max_length=256,
+        default=None, max_length=256,
         description="A Hugging Face model config (as in config.json, must include model_type) for a "
         "randomly initialised model built with from_config. Exactly one of path and config is set.",
     )
     tokenizer: str = Field(
-        default="byte",
-        min_length=1,
-        max_length=MAX_PATH_LEN,
+        default="byte", min_length=1, max_length=MAX_PATH_LEN,
         description="Tokenizer directory for from_pretrained, or 'byte' for rlkube's built-in "
         "byte-level tokenizer (256 byte tokens plus pad/bos/eos).",
     )
@@ -88,8 +85,8 @@ class ModelSpec(Spec):
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        check(MODEL_SOURCE, self)
+    def _model_config(self) -> ModelSpec:
+        # Runs after `RULES` (one of path and config) hold.
         # The CRD's twin is the schema's `required: [model_type]` inside config.
         if self.config is not None and "model_type" not in self.config:
             raise ValueError("config must include model_type (for example 'qwen2' or 'llama')")

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from rlkube.runtime.contract.rule import Rule, check, when
+from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.sections.model_spec import ModelSpec
 from rlkube.runtime.contract.spec import MAX_PATH_LEN, ROLE_NAMES, Spec
 
@@ -154,10 +154,10 @@ ROLE_SOURCE = (
 class RoleSpec(Spec):
     """One role of the job (actor, critic, reward, reference) and its device group."""
 
+    RULES = ROLE_SOURCE
+
     gpus: int | None = Field(
-        default=None,
-        ge=0,
-        le=4096,
+        default=None, ge=0, le=4096,
         description="GPUs in this role's own device group. Exactly one of gpus and colocateWith is "
         "set. 0 means the role runs on CPU inside the actor's processes (a rule-based reward, say).",
     )
@@ -173,21 +173,17 @@ class RoleSpec(Spec):
         "or a function.",
     )
     function: str | None = Field(
-        default=None,
-        max_length=MAX_PATH_LEN,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        default=None, max_length=MAX_PATH_LEN, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
         description="Reward role only: import path 'package.module:function' of a rule-based reward "
         "function(prompt: str, completion: str) -> float, used instead of a reward model.",
     )
 
-    @model_validator(mode="after")
-    def _gpus_or_colocate(self) -> RoleSpec:
-        check(ROLE_SOURCE, self)
-        return self
 
 
 class RolesSpec(Spec):
     """The job's roles. The actor is required; which others are allowed depends on the algorithm."""
+
+    RULES = ROLES_RULES
 
     actor: RoleSpec = Field(description="The policy being trained; it also generates (hybrid engine).")
     critic: RoleSpec | None = Field(default=None, description="Value model (PPO only).")
@@ -202,10 +198,6 @@ class RolesSpec(Spec):
         """The roles that are set, in canonical order (actor, critic, reward, reference)."""
         return {name: role for name in ROLE_NAMES if (role := getattr(self, name)) is not None}
 
-    @model_validator(mode="after")
-    def _colocation(self) -> RolesSpec:
-        check(ROLES_RULES, self)
-        return self
 
     def group_owner(self, name: str) -> str:
         """The role whose GPUs `name` runs on (follows colocateWith to the end)."""

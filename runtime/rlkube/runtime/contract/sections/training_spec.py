@@ -26,16 +26,12 @@ class TrainingSpec(Spec):
     # PPO / GRPO
     clip: float = Field(default=0.2, gt=0.0, le=10.0, description="PPO/GRPO: policy ratio clip epsilon.")
     clip_high: float | None = Field(
-        default=None,
-        gt=0.0,
-        le=10.0,
+        default=None, gt=0.0, le=10.0,
         description="GRPO clip-higher: upper clip epsilon (defaults to clip).",
     )
     value_clip: float = Field(default=0.2, gt=0.0, le=1e6, description="PPO: value loss clip range.")
     kl: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=100.0,
+        default=0.0, ge=0.0, le=100.0,
         description="PPO/GRPO: KL coefficient to the reference; > 0 needs roles.reference.",
     )
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
@@ -51,9 +47,7 @@ class TrainingSpec(Spec):
     gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="PPO: GAE discount.")
     gae_lambda: float = Field(default=0.95, ge=0.0, le=1.0, alias="lambda", description="PPO: GAE lambda.")
     group_size: int = Field(
-        default=4,
-        ge=1,
-        le=1024,
+        default=4, ge=1, le=1024,
         description="GRPO: completions sampled per prompt; at least 2, since advantages are rewards "
         "relative to the group's mean.",
     )
@@ -77,9 +71,7 @@ class TrainingSpec(Spec):
     ppo_epochs: int = Field(default=1, ge=1, le=100, description="PPO/GRPO: passes over each rollout.")
     mini_batches: int = Field(default=1, ge=1, le=4096, description="PPO/GRPO: optimizer steps per epoch of a rollout.")
     trainable_modules: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN)]] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
+        default=None, min_length=1, max_length=256,
         description="Partial freezing: train only the actor's parameters whose name in the Hugging Face "
         "model contains one of these strings (for example ['layers.1.', 'lm_head']); the others get no "
         "gradient, no optimizer state and no gradient reduction. Unset: every parameter trains.",

@@ -119,7 +119,9 @@ def case_config(name: str, args, work: Path) -> dict:
 
 def for_runtime(cfg: dict, runtime: Path) -> dict:
     """`cfg` in the fields the runtime at `runtime` knows (a checkout from before memoryFraction)."""
-    sections = (runtime / "rlkube/runtime/contract/sections.py").read_text()
+    contract = runtime / "rlkube/runtime/contract"
+    batching = contract / "sections" / "batching_spec.py"  # contract/sections.py in older checkouts
+    sections = (batching if batching.exists() else contract / "sections.py").read_text()
     if "memory_fraction" not in sections:
         cfg["batching"].pop("memoryFraction", None)
         if cfg["algorithm"] != "dpo":

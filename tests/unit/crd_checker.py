@@ -19,7 +19,7 @@ import functools
 import re
 from typing import Any
 
-from rlkube.operator.api.validation.pod import quantity_value
+from rlkube.operator.api.pod_spec import quantity_value
 
 # ---------------------------------------------------------------------------------------------
 # Defaulting and structural validation
@@ -96,6 +96,13 @@ def _type_ok(value: Any, kind: str) -> bool:
     raise ValueError(f"unknown schema type {kind}")
 
 
+def _size_errors(path: str, size: int, schema: dict, unit: str, words: tuple[str, str]) -> list[str]:
+    """A string's length or a list's items against the schema's max{unit} and min{unit}."""
+    high, low = schema.get(f"max{unit}"), schema.get(f"min{unit}")
+    return [f"{path}: {word} {bound}" for word, bound, out in
+            ((words[0], high, high is not None and size > high), (words[1], low, low is not None and size < low)) if out]
+
+
 def validate(value: Any, schema: dict, path: str = "") -> list[str]:
     """Errors of an already defaulted `value` against `schema` (structural checks, then CEL)."""
     errors: list[str] = []
@@ -114,17 +121,11 @@ def validate(value: Any, schema: dict, path: str = "") -> list[str]:
             if value > high or (schema.get("exclusiveMaximum") and value == high):
                 errors.append(f"{path}: above maximum {high}")
     if isinstance(value, str):
-        if len(value) > schema.get("maxLength", 10**9):
-            errors.append(f"{path}: longer than {schema['maxLength']}")
-        if len(value) < schema.get("minLength", 0):
-            errors.append(f"{path}: shorter than {schema['minLength']}")
+        errors += _size_errors(path, len(value), schema, "Length", ("longer than", "shorter than"))
         if "pattern" in schema and not re.search(go_regex(schema["pattern"]), value):
             errors.append(f"{path}: does not match {schema['pattern']}")
     if isinstance(value, list):
-        if len(value) > schema.get("maxItems", 10**9):
-            errors.append(f"{path}: more than {schema['maxItems']} items")
-        if len(value) < schema.get("minItems", 0):
-            errors.append(f"{path}: fewer than {schema['minItems']} items")
+        errors += [f"{e} items" for e in _size_errors(path, len(value), schema, "Items", ("more than", "fewer than"))]
         list_type = schema.get("x-kubernetes-list-type")
         if list_type == "set" and len({repr(v) for v in value}) != len(value):
             errors.append(f"{path}: duplicate items in a set")

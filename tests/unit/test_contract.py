@@ -171,3 +171,19 @@ def test_the_config_and_the_job_spec_take_the_registered_algorithms_in_order():
 
     for model in (RuntimeConfig, RLTrainingJobSpec):
         assert model.model_json_schema()["properties"]["algorithm"]["enum"] == list(ALGORITHM_NAMES), model
+
+
+def test_the_job_spec_and_the_config_share_one_declaration_of_the_sections():
+    """The run's sections are declared once (`RunSections`); the job spec hands them to the
+    trainer's config as they are, not copied field by field."""
+    from rlkube.operator.api.spec_types import RLTrainingJobSpec
+    from rlkube.runtime.contract.config import RunSections
+
+    sections = list(RunSections.model_fields)
+    assert list(RLTrainingJobSpec.model_fields)[: len(sections)] == sections
+    assert list(RuntimeConfig.model_fields)[: len(sections)] == sections
+    for model in (RLTrainingJobSpec, RuntimeConfig):
+        assert all(repr(model.model_fields[name]) == repr(RunSections.model_fields[name]) for name in sections)
+    job_spec = parse_spec(spec("ppo", placement={"gpusPerPod": 2}))
+    config = job_spec.runtime_config()
+    assert all(getattr(config, name) is getattr(job_spec, name) for name in sections)

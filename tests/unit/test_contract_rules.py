@@ -18,7 +18,7 @@ import pytest
 from crd_checker import evaluate
 
 from rlkube.operator.api import crd
-from rlkube.runtime.contract import algorithm_settings, config, role_rules
+from rlkube.runtime.contract import algorithm_settings, config
 from rlkube.runtime.contract.config import (
     BatchingSpec,
     DataSpec,
@@ -30,6 +30,7 @@ from rlkube.runtime.contract.config import (
     TrainingSpec,
 )
 from rlkube.runtime.contract.rule import Rule
+from rlkube.runtime.contract.sections import roles_spec
 from rlkube.runtime.contract.spec import ROLE_NAMES
 
 SEED, OBJECTS = 20, 2500
@@ -70,7 +71,7 @@ def _roles(rng: random.Random, colocation: float) -> RolesSpec:
 def _valid_roles(rng: random.Random) -> RolesSpec:
     while True:
         roles = _roles(rng, colocation=0.4)
-        if not any(rule.problem(roles) for rule in role_rules.ROLES_RULES):
+        if not any(rule.problem(roles) for rule in roles_spec.ROLES_RULES):
             return RolesSpec.model_validate(_wire(roles))
 
 
@@ -134,7 +135,7 @@ def test_section_rules_python_and_cel_agree(model):
 
 def test_roles_rules_python_and_cel_agree():
     rng = random.Random(SEED)
-    _agree(role_rules.ROLES_RULES, [_roles(rng, colocation=1.0) for _ in range(OBJECTS)])
+    _agree(roles_spec.ROLES_RULES, [_roles(rng, colocation=1.0) for _ in range(OBJECTS)])
 
 
 def test_spec_rules_python_and_cel_agree():
@@ -145,7 +146,7 @@ def test_spec_rules_python_and_cel_agree():
 def test_the_crd_carries_every_contract_rule_once():
     """The CRD's CEL of these rules is the contract's rule objects', nothing written beside them."""
     text = str(crd.crd_manifest())
-    rules = [*role_rules.ROLES_RULES, *algorithm_settings.SPEC_RULES, *(r for rs in SECTIONS.values() for r in rs)]
+    rules = [*roles_spec.ROLES_RULES, *algorithm_settings.SPEC_RULES, *(r for rs in SECTIONS.values() for r in rs)]
     for rule in rules:
         assert text.count(repr(rule.cel)[1:-1]) >= 1, rule.message
     assert len({rule.message for rule in rules}) == len(rules)

@@ -157,24 +157,23 @@ def test_runtime_verbs_hand_over_to_the_runtime_entry_point(monkeypatch):
     ]
 
 
-def test_cli_import_loads_neither_kubernetes_nor_the_runtime():
-    code = (
-        "import sys, rlkube.operator.cli; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes', 'torch') "
-        "or m.startswith('rlkube.runtime') or m == 'rlkube.operator.api'); print(bad); sys.exit(bool(bad))"
-    )
+def _assert_imports_none(modules: str, forbidden: str) -> None:
+    """Importing `modules` in a fresh interpreter loads no module for which `forbidden` (an
+    expression in `m`, a module name) holds."""
+    code = (f"import sys, {modules}; bad = sorted(m for m in sys.modules if {forbidden}); "
+            "print(bad); sys.exit(bool(bad))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cli_import_loads_neither_kubernetes_nor_the_runtime():
+    _assert_imports_none("rlkube.operator.cli", "m.split('.')[0] in ('kopf', 'kubernetes', 'torch') "
+                         "or m.startswith('rlkube.runtime') or m == 'rlkube.operator.api'")
 
 
 def test_api_and_crd_import_no_torch():
-    code = (
-        "import sys, rlkube.operator.api, rlkube.operator.api.crd; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'kopf')); "
-        "print(bad); sys.exit(bool(bad))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _assert_imports_none("rlkube.operator.api, rlkube.operator.api.crd",
+                         "m.split('.')[0] in ('torch', 'transformers', 'kopf')")
 
 
 def test_console_script_exit_codes():

@@ -1,5 +1,5 @@
-"""Each `validation.rule.Rule` gives one verdict from its Python check and its CEL, over grids of
-objects built without their validators (so broken ones can be built), and the validator of the
+"""Each operator `Rule` gives one verdict from its Python check and its CEL, over grids of objects
+built without their validators (so broken ones can be built), and the validator of the
 model it sits on raises its message."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from crd_checker import evaluate
 from pydantic import ValidationError
 
 from rlkube.operator import api
-from rlkube.operator.api.validation import paths, pod, sections
-from rlkube.operator.api.validation.rule import Rule
+from rlkube.operator.api import elastic_spec, pod_spec, volume_spec
+from rlkube.runtime.contract.rule import Rule
 
 TOLERATIONS = [
     {"key": key, "operator": op, "value": value, "effect": effect, "toleration_seconds": seconds}
@@ -32,18 +32,18 @@ QUANTITIES = [None, "500m", "1", "2Gi", "1.5", "1e3", "2048Mi"]
 
 
 def _resources(request: str | None, limit: str | None) -> api.PodResources:
-    fields = [name for name, _ in pod.RESOURCE_FIELDS]
+    fields = [name for name, _ in pod_spec.RESOURCE_FIELDS]
     requests = api.ResourceList.model_construct(**dict.fromkeys(fields, request))
     limits = api.ResourceList.model_construct(**dict.fromkeys(fields, limit))
     return api.PodResources.model_construct(requests=requests, limits=limits)
 
 
 CASES = [
-    (pod.TOLERATION, [api.Toleration.model_construct(**fields) for fields in TOLERATIONS]),
-    (pod.SECURITY, [api.PodSecurity.model_construct(**fields) for fields in SECURITY]),
-    (sections.ELASTIC, [api.ElasticSpec.model_construct(**fields) for fields in ELASTIC]),
-    ((paths.VOLUME_SOURCE,), [api.VolumeSpec.model_construct(**fields) for fields in VOLUMES]),
-    (pod.RESOURCES, [_resources(req, lim) for req, lim in itertools.product(QUANTITIES, QUANTITIES)]),
+    (pod_spec.TOLERATION, [api.Toleration.model_construct(**fields) for fields in TOLERATIONS]),
+    (pod_spec.SECURITY, [api.PodSecurity.model_construct(**fields) for fields in SECURITY]),
+    (elastic_spec.ELASTIC, [api.ElasticSpec.model_construct(**fields) for fields in ELASTIC]),
+    ((volume_spec.VOLUME_SOURCE,), [api.VolumeSpec.model_construct(**fields) for fields in VOLUMES]),
+    (pod_spec.RESOURCES, [_resources(req, lim) for req, lim in itertools.product(QUANTITIES, QUANTITIES)]),
 ]
 
 
@@ -93,7 +93,7 @@ def test_every_integer_field_of_the_spec_refuses_an_integral_float():
     # The API server's schema check takes 2.0 for an integer; only a CEL rule reading the field
     # refuses it there, as pydantic (strict) does (tests/data/bad/*-integral-float.yaml).
     from rlkube.operator.api import crd
-    from rlkube.operator.api.validation.sections import INTEGER_CEL
+    from rlkube.operator.api.crd_rules import INTEGER_CEL
 
     found = []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -82,6 +83,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The lifecycle's settings from the flags of the same names (each has one)."""
+    return Settings(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Settings)})
+
+
 def pod_owner() -> dict | None:
     """An ownerReference to this operator's Pod (the chart passes POD_NAME and POD_UID), else None."""
     name, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
@@ -124,15 +130,7 @@ def run(argv: list[str] | None = None) -> int:
         elector.keep_renewing(lost)
     metrics.leader.set(1)
 
-    settings = Settings(
-        backoff_base_seconds=args.backoff_base_seconds,
-        backoff_max_seconds=args.backoff_max_seconds,
-        unschedulable_retry_seconds=args.unschedulable_retry_seconds,
-        node_lost_grace_seconds=args.node_lost_grace_seconds,
-        node_lost_counts=args.node_lost_counts,
-        host_path_shared=args.host_path_shared,
-        status_coalesce_seconds=args.status_coalesce_seconds,
-    )
+    settings = settings_from(args)
     inventory = None
     if args.inventory == "watch":
         inventory = WatchedInventory(api, args.namespace, seconds=args.watch_server_timeout).start()

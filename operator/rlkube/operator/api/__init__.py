@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from rlkube.operator.api.elastic_spec import ElasticSpec
 from rlkube.operator.api.field_errors import FieldError, describe_error, field_errors
 from rlkube.operator.api.limits import (
     API_VERSION,
@@ -57,17 +58,10 @@ from rlkube.operator.api.limits import (
     VERSION,
     job_name_problem,
 )
-from rlkube.operator.api.spec_types import (
-    ElasticSpec,
-    PlacementSpec,
-    PodResources,
-    PodSecurity,
-    ResourceList,
-    RLTrainingJobSpec,
-    RunPolicySpec,
-    Toleration,
-    VolumeSpec,
-)
+from rlkube.operator.api.placement_spec import PlacementSpec
+from rlkube.operator.api.pod_spec import PodResources, PodSecurity, ResourceList, Toleration
+from rlkube.operator.api.run_policy_spec import RunPolicySpec
+from rlkube.operator.api.spec_types import RLTrainingJobSpec
 from rlkube.operator.api.status_types import (
     PHASES,
     Condition,
@@ -82,6 +76,7 @@ from rlkube.operator.api.status_types import (
     Status,
 )
 from rlkube.operator.api.validation.metadata import annotation_problems, label_problems
+from rlkube.operator.api.volume_spec import VolumeSpec
 from rlkube.runtime.contract.config import ROLE_NAMES
 
 __all__ = [

@@ -8,7 +8,7 @@ type that lacks one), which is also what keeps the CEL rules within the API serv
 budget.
 
 The CEL rules (`x-kubernetes-validations`) and the extra schema of declared config fields come
-from `rlkube.operator.api.validation`, where each rule's Python half sits beside its CEL, so
+from `crd_rules`, which says where each goes; each rule's Python half sits beside its CEL, so
 `kubectl apply` rejects what `rlkube validate` rejects; the run-defining fields (algorithm, model,
 roles) are immutable. `crds/rlkube.io_rltrainingjobs.yaml`
 is this module's output, byte for byte (`make crds-check`).
@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from rlkube.operator import api
-from rlkube.operator.api.validation import FIELD_RULES, FIELD_SCHEMAS, LIST_MAP_KEYS, MODEL_RULES, TYPE_RULES
+from rlkube.operator.api.crd_rules import FIELD_RULES, FIELD_SCHEMAS, LIST_MAP_KEYS, MODEL_RULES, TYPE_RULES
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 HEADER = (

@@ -74,18 +74,30 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# Errors of a bound: the comparison and the bound's key in the error's context.
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
+           "less_than": ("<", "lt")}
+# Errors of a value of the wrong type: what it must be.
+_TYPES = {
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"), "an integer"),
+    **dict.fromkeys(("float_type", "float_parsing", "finite_number"), "a finite number"),
+    **dict.fromkeys(("bool_type", "bool_parsing"), "true or false"),
+    **dict.fromkeys(("string_type", "string_unicode"), "a string"),
+    **dict.fromkeys(("model_type", "model_attributes_type", "dict_type"), "a mapping"),
+    "list_type": "a list",
+    **dict.fromkeys(("datetime_type", "datetime_parsing", "datetime_from_date_parsing"), "an RFC 3339 date-time"),
+}
+
+
 def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
     """What is wrong and what would be valid, for one pydantic error (not a value_error)."""
     kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
     got = f", got {_show(value)}"
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx['ge']}{got}"
-    if kind == "greater_than":
-        return f"must be > {ctx['gt']}{got}"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx['le']}{got}"
-    if kind == "less_than":
-        return f"must be < {ctx['lt']}{got}"
+    if kind in _BOUNDS:
+        comparison, bound = _BOUNDS[kind]
+        return f"must be {comparison} {ctx[bound]}{got}"
+    if kind in _TYPES:
+        return f"must be {_TYPES[kind]}{got}"
     if kind == "literal_error":
         expected = str(ctx["expected"])
         return f"must be {expected}{got}" if " or " not in expected else f"must be one of {expected}{got}"
@@ -98,14 +110,6 @@ def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
         guess = f"; did you mean {close[0]!r}?" if close else ""
         hint = f" (valid fields: {', '.join(names)})" if names else ""
         return f"unknown field{guess}{hint}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be an integer{got}"
-    if kind in ("float_type", "float_parsing", "finite_number"):
-        return f"must be a finite number{got}"
-    if kind in ("bool_type", "bool_parsing"):
-        return f"must be true or false{got}"
-    if kind in ("string_type", "string_unicode"):
-        return f"must be a string{got}"
     if kind == "string_too_long":
         return f"must be at most {ctx['max_length']} characters, got {len(value)}"
     if kind == "string_too_short":
@@ -117,12 +121,6 @@ def describe_error(error: Any, parent: type[BaseModel] | None = None) -> str:
         return f"must have at most {ctx['max_length']} items, got {ctx.get('actual_length')}"
     if kind == "too_short":
         return f"must have at least {ctx['min_length']} items, got {ctx.get('actual_length')}"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"must be a mapping{got}"
-    if kind == "list_type":
-        return f"must be a list{got}"
-    if kind in ("datetime_type", "datetime_parsing", "datetime_from_date_parsing"):
-        return f"must be an RFC 3339 date-time{got}"
     return str(error["msg"])
 
 

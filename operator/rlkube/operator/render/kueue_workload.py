@@ -33,7 +33,7 @@ from typing import Any
 
 from rlkube.operator.api import RLTrainingJobSpec
 from rlkube.operator.api.observed import KUEUE_QUEUE_LABEL, LABEL_JOB, TRAINER_CONTAINER, JobRef
-from rlkube.operator.api.spec_types import ResourceList
+from rlkube.operator.api.pod_spec import ResourceList
 from rlkube.operator.planning.placement import GPU_RESOURCE
 from rlkube.operator.render import MANAGED_BY
 

@@ -8,7 +8,7 @@ spec object) refuses it at admission. Messages are relative to the spec ('traini
 The rules:
 - Which roles an algorithm takes (`ALGORITHM_ROLES`): only PPO has a critic and needs one;
   PPO/GRPO need a reward role, DPO/KTO learn from fixed data and refuse one. (Which role takes a
-  function, and the reward role's source, are `role_rules.SOURCE_RULES`, reported with these.)
+  function, and the reward role's source, are `roles_spec.SOURCE_RULES`, reported with these.)
 - PPO/GRPO with training.kl > 0 need a reference role (the trainer would have nothing to take
   the KL to). DPO never reads training.kl.
 - PPO/GRPO with training.kl > 0 refuse klEstimator k1 where the KL is a loss term (GRPO always,
@@ -41,17 +41,17 @@ from typing import Any, Literal, Protocol
 
 from pydantic.alias_generators import to_camel
 
-from rlkube.runtime.contract import role_rules
 from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
 from rlkube.runtime.contract.data_size import SAMPLES_PER_STEP
-from rlkube.runtime.contract.rollout import RolloutSpec
 from rlkube.runtime.contract.rule import Rule, problems, when
 from rlkube.runtime.contract.sections import (
     BatchingSpec,
     DataSpec,
     RolesSpec,
+    RolloutSpec,
     TrainingSpec,
     device_map,
+    roles_spec,
 )
 from rlkube.runtime.contract.spec import ROLE_NAMES
 from rlkube.runtime.contract.spec_cel import (
@@ -285,7 +285,7 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
 
 # Every rule on the spec the trainer applies too, in the order they are reported.
 SPEC_RULES: tuple[Rule, ...] = (
-    *ALGORITHM_ROLES, *role_rules.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, SAMPLES_PER_STEP, *BATCH_SPLIT,
+    *ALGORITHM_ROLES, *roles_spec.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, SAMPLES_PER_STEP, *BATCH_SPLIT,
     *(field.rule() for field in DPO_ONLY_FIELDS),
 )
 

@@ -4,7 +4,7 @@ one message both doors print.
 The runtime's contract holds the rules the trainer applies to its own config (a section's own
 rules, roles and colocation, what an algorithm cannot honour), so that the trainer, `rlkube
 validate` and the API server read one definition: the runtime runs `broken`, the operator's
-`rlkube.operator.validation` puts `cel` into the CRD (`Rule.crd`). Torch-free and free of
+`rlkube.operator.api.crd_rules` puts `cel` into the CRD (`Rule.crd`). Torch-free and free of
 Kubernetes: a CEL rule is only text here.
 """
 

@@ -1,104 +1,53 @@
-"""Validation of an RLTrainingJob spec: the one place its rules are written.
+"""The rules across a whole RLTrainingJob spec, and `spec_problems`, which its validator runs.
 
 Two doors lead to a cluster, `rlkube validate` (and the operator, which parses every job with the
 same pydantic types) and the API server (the CRD's schema and its CEL rules,
-`x-kubernetes-validations`). Both read their rules from this package (and through it from the
-runtime's contract), so a manifest gets one verdict: tests/unit/test_corpus_verdicts.py runs
-tests/data/bad and tests/data/good through both (the API server modelled by
-tests/unit/crd_checker.py) and through the trainer's own config, tests/integration/
-test_corpus_admission.py through a real kube-apiserver.
+`x-kubernetes-validations`). Both read the same rules, so a manifest gets one verdict:
+tests/unit/test_corpus_verdicts.py runs tests/data/bad and tests/data/good through both (the API
+server modelled by tests/unit/crd_checker.py) and through the trainer's own config,
+tests/integration/test_corpus_admission.py through a real kube-apiserver.
 
 A rule has a Python half and, where the API server can check it, a CEL half with the same field
-path at the start of its message. Where both halves sit on one object they are one `Rule`
-(message, CEL, and the Python check as `broken`; `rlkube.runtime.contract.rule`), so they cannot
-drift; the spec-wide rules of the operator keep a Python function and a CEL builder side by side,
-sharing their message text.
+path at the start of its message, written side by side. Where both halves sit on one object they
+are one `Rule` (message, CEL, and the Python check as `broken`; `rlkube.runtime.contract.rule`), so
+they cannot drift. Each rule is written once, beside the model it guards:
 
-The rules the trainer applies to its own config too are written once, as `Rule`s, in the
-runtime's contract (the runtime never imports the operator; the operator may import the
-contract): a section's own rules (`contract.sections`: one model source, gpus or colocateWith, the
-micro-batch bounds, one eval source), the roles (`contract.role_rules`: the actor's GPUs,
-colocation chains, adapters and functions, the reward's source), what an algorithm takes and
-cannot honour (`contract.algorithm_settings`: roles per algorithm, KL, GRPO groups, sequence
-lengths, synthetic data's samples per step (`contract.data_size`), batch splits over ranks and
-mini-batches, decodeRows, the DPO-only fields, a model config's vocab_size against the byte
-tokenizer (`contract.vocab`)) and the model types (`contract.model_types`, whose CEL twin is the
-enum declared in the CRD). The trainer runs
-their Python half; this package puts their CEL into the CRD (`MODEL_RULES` below).
+- a section of the run (model, roles, data, batching, ...): its module in the runtime's contract
+  (`rlkube.runtime.contract.sections`), which the trainer runs too;
+- across the run's sections (roles per algorithm, KL, GRPO groups, batch splits, vocab_size,
+  synthetic data's size): `rlkube.runtime.contract.algorithm_settings`, run by `RunSections`;
+- a section only the operator reads: its module in `rlkube.operator.api` (`elastic_spec`,
+  `run_policy_spec`, `pod_spec`, `volume_spec`);
+- across the job: this package, by concept:
+  - `roles`: the roles' GPUs make whole pods
+  - `elastic`: the elastic range holds the job's size, and every size's mini-batch split
+  - `paths`: absolute paths in the pod, normal forms, mounts the pod keeps for itself
+  - `metadata`: label and annotation keys and values, which the API server checks itself before
+    any schema (Python only: a CRD can add no rule to metadata)
 
-The operator's own rule modules:
-
-- `roles`: the roles' GPUs make whole pods
-- `elastic`: the elastic range and every size's mini-batch split
-- `paths`: absolute paths in the pod, normal forms, mounts and volume names the pod keeps for itself
-- `pod`: requests within limits, label keys, tolerations, the security context
-- `sections`: rules inside the operator's sections (elastic, run policy), integers, immutability,
-  and the model config's declared schema
-- `metadata`: label and annotation keys and values, which the API server checks itself before any
-  schema (Python only: a CRD can add no rule to metadata)
+`rlkube.operator.api.crd_rules` says on which object of the CRD each CEL rule goes.
 
 Adding a rule: a `Rule` in the contract when the trainer must apply it too (run by the model's
-validator, or listed in `algorithm_settings.SPEC_RULES`), else in the rule module of its concept
-here (a `Rule`, or a function returning 'path: what would be valid' lines called from
-`spec_problems` below with its CEL written with `cel.rule(...)`, message starting with the same
-path); add it to `MODEL_RULES` or `FIELD_RULES` below; add a manifest to tests/data/bad whose first
-line is '# expect: spec.<path>'; then `make crds chart-crds`. tests/unit/test_contract_rules.py
-checks each contract rule's two halves against each other.
+validator, or listed in `algorithm_settings.SPEC_RULES`), else beside the operator's model it
+guards, or for a rule across the job in the module of its concept here (a function returning
+'path: what would be valid' lines called from `spec_problems` below, with its CEL written with
+`cel.rule(...)`, message starting with the same path); add its CEL to `crd_rules`' `MODEL_RULES`
+or `FIELD_RULES`; add a manifest to tests/data/bad whose first line is '# expect: spec.<path>';
+then `make crds chart-crds`. tests/unit/test_contract_rules.py checks each contract rule's two
+halves against each other, tests/unit/test_validation_rules.py the operator's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlkube.operator.api.validation import elastic, paths, pod, roles, rule, sections
-from rlkube.runtime.contract import algorithm_settings, config, model_types, role_rules
-
-# CEL rules on the object of a pydantic model (they follow the model wherever the CRD generator
-# inlines it), by model name.
-MODEL_RULES: dict[str, list[dict]] = {
-    "ModelSpec": [*rule.crd(config.MODEL_SOURCE), *paths.MODEL_PATH_CEL],
-    "RoleSpec": rule.crd(config.ROLE_SOURCE),
-    "RolesSpec": rule.crd(role_rules.ROLES_RULES),
-    "BatchingSpec": rule.crd(config.MICRO_BATCH_BOUNDS),
-    "DataSpec": [*rule.crd(config.EVAL_SOURCE), *paths.DATA_PATH_CEL],
-    "ElasticSpec": rule.crd(sections.ELASTIC),
-    "VolumeSpec": paths.volume_cel(),
-    "CheckpointSpec": [*paths.dir_cel("checkpoint.dir"), *paths.dir_cel("checkpoint.compileCacheDir", "compileCacheDir")],
-    "ExportSpec": paths.dir_cel("export.dir"),
-    "Toleration": rule.crd(pod.TOLERATION),
-    "PodResources": rule.crd(pod.RESOURCES),
-    "PodSecurity": rule.crd(pod.SECURITY),
-    "RLTrainingJobSpec": [
-        *roles.spec_roles_cel(),
-        *rule.crd(algorithm_settings.SPEC_RULES),
-        *elastic.elastic_cel(),
-        *paths.mount_path_cel(),
-    ],
-}
-
-# CEL rules on one property, by (model name, wire field name).
-FIELD_RULES: dict[tuple[str, str], list[dict]] = {
-    ("RLTrainingJobSpec", "algorithm"): sections.immutable("algorithm"),
-    ("RLTrainingJobSpec", "model"): sections.immutable("model"),
-    ("RLTrainingJobSpec", "roles"): sections.immutable("roles"),
-    ("RLTrainingJobSpec", "volumes"): paths.VOLUMES_CEL,
-    ("RLTrainingJobSpec", "nodeSelector"): pod.NODE_SELECTOR_CEL,
-    ("RunPolicySpec", "failOnExitCodes"): sections.FAIL_ON_EXIT_CODES_CEL,
-}
-
-# Schema added to a property as the generator writes it (declared fields of a free-form object).
-FIELD_SCHEMAS: dict[tuple[str, str], dict] = {("ModelSpec", "config"): sections.MODEL_CONFIG_SCHEMA}
-
-# CEL rules on every property of a JSON type in the spec.
-TYPE_RULES: dict[str, list[dict]] = {"integer": sections.INTEGER_CEL}
-
-# Volumes are keyed by name (unique names, merge-friendly).
-LIST_MAP_KEYS: dict[tuple[str, str], list[str]] = {("RLTrainingJobSpec", "volumes"): ["name"]}
+from rlkube.operator.api.validation import elastic, paths, roles
+from rlkube.runtime.contract import model_types
 
 
 def spec_problems(spec: Any) -> list[str]:
-    """The Python halves of this package's spec-wide rules on a validated `RLTrainingJobSpec`,
-    one 'path: what is wrong' line each (called by its model validator)."""
+    """The Python halves of the rules across a validated `RLTrainingJobSpec`, one 'path: what is
+    wrong' line each (called by its model validator, after the rules across the run's sections)."""
     return [
         *paths.mount_path_problems(spec.checkpoint.dir, spec.export.dir, [v.mount_path for v in spec.volumes],
                                    spec.checkpoint.compile_cache_dir),
@@ -106,4 +55,6 @@ def spec_problems(spec: Any) -> list[str]:
         *model_types.model_type_problems(spec),
         *paths.source_path_problems(spec),
         *elastic.elastic_split_problems(spec),
+        *roles.spec_roles_problems(spec),
+        *elastic.elastic_range_problems(spec),
     ]

@@ -1,8 +1,8 @@
 """Rules on `spec.elastic`: the range holds the job's full size, only the actor resizes, and (PPO,
 GRPO) a mini-batch splits evenly over the actor's GPUs at every size of the range.
 
-The first three are checked in Python by `RLTrainingJobSpec._elastic_problems`; the split rule has
-both halves here. DPO and KTO deal a step's samples to the ranks by cost
+Each rule has both halves here (`elastic_range_problems` and `elastic_split_problems`, CEL in
+`elastic_cel`); the range's own rule (maxWorkers >= minWorkers) sits on `ElasticSpec`. DPO and KTO deal a step's samples to the ranks by cost
 (trainers/batching.rank_shares), so any size works for them and no split rule applies.
 """
 
@@ -34,6 +34,32 @@ ELASTIC_SPLIT = ("elastic: a mini-batch (globalBatch x groupSize / miniBatches) 
                  "actor's GPUs (pods x gpusPerPod) at every size in [minWorkers, maxWorkers], as at full size")
 
 
+def elastic_range_problems(spec: Any) -> list[str]:
+    """An elastic range holds the job's full size (the pods its roles' GPUs make), and only the
+    actor has GPUs of its own."""
+    if spec.elastic is None:
+        return []
+    problems = []
+    total, per_pod = spec.total_gpus(), spec.placement.gpus_per_pod
+    if total % per_pod == 0 and spec.elastic.min_workers > total // per_pod:
+        problems.append(
+            f"elastic.minWorkers: must be <= the job's {total // per_pod} pods "
+            f"({total} GPUs / gpusPerPod {per_pod}), got {spec.elastic.min_workers}"
+        )
+    if total % per_pod == 0 and spec.elastic.max_workers < total // per_pod:
+        problems.append(
+            f"elastic.maxWorkers: must be >= the job's {total // per_pod} pods "
+            f"({total} GPUs / gpusPerPod {per_pod}), got {spec.elastic.max_workers}"
+        )
+    others = [name for name, role in spec.roles.present().items() if name != "actor" and role.gpus]
+    if others:
+        problems.append(
+            f"elastic: only the actor's data-parallel group resizes, so the other roles must "
+            f"colocateWith the actor or have gpus: 0; {', '.join(others)} have GPUs of their own"
+        )
+    return problems
+
+
 def elastic_split_problems(spec: Any) -> list[str]:
     """PPO/GRPO elastic jobs: every size in [minWorkers, maxWorkers] splits a mini-batch evenly
     over the actor's GPUs at that size, as the full size must: the trainer refuses a size that
@@ -57,7 +83,7 @@ def elastic_split_problems(spec: Any) -> list[str]:
 
 
 def elastic_cel() -> list[dict]:
-    """CEL on the spec; the first three are the twins of RLTrainingJobSpec._elastic_problems."""
+    """CEL on the spec: the twins of `elastic_range_problems`, then of `elastic_split_problems`."""
     total, per_pod = total_gpus(), gpus_per_pod()
     rows_cel, minis = rows(), mini_batches()
     low, high = "self.elastic.minWorkers", "self.elastic.maxWorkers"

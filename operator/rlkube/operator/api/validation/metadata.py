@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from rlkube.operator.api.limits import LABEL_VALUE_MAX, LABEL_VALUE_PATTERN
-from rlkube.operator.api.validation.pod import label_key_problem
+from rlkube.operator.api.pod_spec import label_key_problem
 
 
 def label_value_problem(value: str) -> str | None:

@@ -17,7 +17,6 @@ import re
 from typing import Any
 
 from rlkube.operator.api.validation.cel import rule
-from rlkube.operator.api.validation.rule import Rule, when
 from rlkube.runtime.contract.model_types import spec_models
 from rlkube.runtime.contract.pod import CONFIG_DIR
 
@@ -119,42 +118,6 @@ def dir_cel(field: str, prop: str = "dir") -> list[dict]:
         rule(applies + f"!{value}.startsWith('{CONFIG_DIR}/')", f"{field}: {IN_CONFIG_DIR}", f".{prop}"),
     ]
 
-
-# -- volumes --------------------------------------------------------------------------------------
-
-
-def volume_problems(name: str, mount_path: str, host_path: str | None) -> list[str]:
-    """One extra volume: a name the pod does not use itself, paths in normal form, the mount
-    outside the config mount. Paths relative to the volume ('mountPath: ...')."""
-    problems = []
-    if name in RESERVED_VOLUME_NAMES:
-        problems.append(f"name: {name!r} is reserved: the pod's own volumes are {', '.join(RESERVED_VOLUME_NAMES)}")
-    for where, path in (("mountPath", mount_path), ("hostPath", host_path)):
-        if path is not None and (problem := path_form_problem(path)) is not None:
-            problems.append(f"{where}: {problem}")
-    if under_config_dir(mount_path):
-        problems.append(f"mountPath: {IN_CONFIG_DIR}")
-    return problems
-
-
-VOLUME_SOURCE = Rule("exactly one of claimName and hostPath must be set", "has(self.claimName) != has(self.hostPath)",
-                     lambda v: when((v.claim_name is None) == (v.host_path is None)))
-
-
-def volume_cel() -> list[dict]:
-    """CEL on VolumeSpec: one source, and the twins of `volume_problems`."""
-    names = " && ".join(f"self.name != '{name}'" for name in RESERVED_VOLUME_NAMES)
-    return [
-        VOLUME_SOURCE.crd(),
-        rule(names, f"name: reserved: the pod's own volumes are {', '.join(RESERVED_VOLUME_NAMES)}", ".name"),
-        rule(path_form_cel("self.mountPath"), f"mountPath: {NOT_NORMAL}", ".mountPath"),
-        rule(f"!has(self.hostPath) || ({path_form_cel('self.hostPath')})", f"hostPath: {NOT_NORMAL}", ".hostPath"),
-        rule(f"!self.mountPath.startsWith('{CONFIG_DIR}/')", f"mountPath: {IN_CONFIG_DIR}", ".mountPath"),
-    ]
-
-
-# The list of volumes: names are the list's map keys (unique, merge-friendly); mountPaths unique.
-VOLUMES_CEL = [rule("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))", "each mountPath must be unique")]
 
 # -- what the pod mounts itself -------------------------------------------------------------------
 

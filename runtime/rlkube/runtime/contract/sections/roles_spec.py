@@ -1,22 +1,28 @@
-"""Rules on the roles: the actor's own GPUs, colocation chains, adapters only on the actor, a
-function only on the reward role, and the reward role's one source.
+"""`roles`: the job's roles (actor, critic, reward, reference), each with its device group, the
+rules on them and `device_map`, the global ranks of each role.
 
-Each is a `Rule` written once: its Python half refuses the trainer's config (exit 3) and the job in
-`rlkube validate` and the operator, its CEL half goes into the CRD (`rlkube.operator.validation`).
-`ROLES_RULES` sit on the roles object (`RolesSpec`'s validator; messages relative to the roles,
-'critic.colocateWith: ...'); `SOURCE_RULES` sit on the spec (messages relative to the spec,
-'roles.critic.function: ...'), so that they are reported together with the other spec-wide rules
-and a `RolesSpec` alone may hold a reward role still to be given its source (placement's tests
-build such). Each names its field by `field_path`, so both doors report
-`spec.roles.critic.colocateWith`. Which roles an algorithm takes is in `algorithm_settings`.
+Each rule is a `Rule` written once: its Python half refuses the trainer's config (exit 3) and the
+job in `rlkube validate` and the operator, its CEL half goes into the CRD
+(`rlkube.operator.api.validation`). `ROLE_SOURCE` sits on one role (gpus or colocateWith),
+`ROLES_RULES` on the roles object (`RolesSpec`'s validator; messages relative to the roles,
+'critic.colocateWith: ...': the actor's own GPUs, colocation chains, adapters only on the actor);
+`SOURCE_RULES` sit on the spec (messages relative to the spec, 'roles.critic.function: ...': a
+function only on the reward role, and the reward role's one source), so that they are reported
+together with the other rules across sections (`algorithm_settings`) and a `RolesSpec` alone may
+hold a reward role still to be given its source (placement's tests build such). Each names its
+field by `field_path`, so both doors report `spec.roles.critic.colocateWith`. Which roles an
+algorithm takes is in `algorithm_settings`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from rlkube.runtime.contract.rule import Rule, when
-from rlkube.runtime.contract.spec import ROLE_NAMES
+from rlkube.runtime.contract.sections.model_spec import ModelSpec
+from rlkube.runtime.contract.spec import MAX_PATH_LEN, ROLE_NAMES, Spec
 
 OTHER_ROLES = tuple(name for name in ROLE_NAMES if name != "actor")
 
@@ -137,3 +143,91 @@ SOURCE_RULES: tuple[Rule, ...] = (
          lambda spec: when(spec.roles.reward is not None and spec.roles.reward.function is None
                            and spec.roles.reward.model is None, "; it has neither"), ".roles.reward"),
 )
+
+
+ROLE_SOURCE = (
+    Rule("exactly one of gpus and colocateWith must be set", "has(self.gpus) != has(self.colocateWith)",
+         lambda role: when((role.gpus is None) == (role.colocate_with is None))),
+)
+
+
+class RoleSpec(Spec):
+    """One role of the job (actor, critic, reward, reference) and its device group."""
+
+    RULES = ROLE_SOURCE
+
+    gpus: int | None = Field(
+        default=None, ge=0, le=4096,
+        description="GPUs in this role's own device group. Exactly one of gpus and colocateWith is "
+        "set. 0 means the role runs on CPU inside the actor's processes (a rule-based reward, say).",
+    )
+    colocate_with: Literal["actor", "critic", "reward", "reference"] | None = Field(
+        default=None,
+        description="Share the device group of the named role instead of having GPUs of its own "
+        "(time-shared in one process).",
+    )
+    model: ModelSpec | None = Field(
+        default=None,
+        description="This role's own model. Unset: the reference copies the actor's model; the "
+        "critic uses the actor's model with a value head; the reward role needs either a model "
+        "or a function.",
+    )
+    function: str | None = Field(
+        default=None, max_length=MAX_PATH_LEN, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        description="Reward role only: import path 'package.module:function' of a rule-based reward "
+        "function(prompt: str, completion: str) -> float, used instead of a reward model.",
+    )
+
+
+
+class RolesSpec(Spec):
+    """The job's roles. The actor is required; which others are allowed depends on the algorithm."""
+
+    RULES = ROLES_RULES
+
+    actor: RoleSpec = Field(description="The policy being trained; it also generates (hybrid engine).")
+    critic: RoleSpec | None = Field(default=None, description="Value model (PPO only).")
+    reward: RoleSpec | None = Field(
+        default=None, description="Reward model, or a rule-based reward function (PPO, GRPO)."
+    )
+    reference: RoleSpec | None = Field(
+        default=None, description="Frozen reference policy for the KL term (DPO, PPO, GRPO)."
+    )
+
+    def present(self) -> dict[str, RoleSpec]:
+        """The roles that are set, in canonical order (actor, critic, reward, reference)."""
+        return {name: role for name in ROLE_NAMES if (role := getattr(self, name)) is not None}
+
+
+    def group_owner(self, name: str) -> str:
+        """The role whose GPUs `name` runs on (follows colocateWith to the end)."""
+        roles = self.present()
+        while roles[name].colocate_with is not None:
+            name = roles[name].colocate_with  # type: ignore[assignment]
+        return name
+
+    def total_gpus(self) -> int:
+        return sum(role.gpus or 0 for role in self.present().values())
+
+
+def device_map(roles: RolesSpec) -> dict[str, list[int]]:
+    """Global GPU ranks of each role: contiguous ranges in canonical role order.
+
+    Roles with their own GPUs get consecutive ranges (actor first); colocated roles get the range
+    of the role they colocate with; a role with `gpus: 0` runs on the actor's ranks (on CPU).
+    Example: actor 2, critic 1, reward 1, reference colocated with actor ->
+    {actor: [0, 1], critic: [2], reward: [3], reference: [0, 1]}.
+    """
+    present = roles.present()
+    ranks: dict[str, list[int]] = {}
+    next_rank = 0
+    for name, role in present.items():
+        if role.gpus:
+            ranks[name] = list(range(next_rank, next_rank + role.gpus))
+            next_rank += role.gpus
+    for name in present:
+        if name in ranks:
+            continue
+        owner = roles.group_owner(name)
+        ranks[name] = list(ranks.get(owner, ranks["actor"]))
+    return {name: ranks[name] for name in present}

@@ -19,18 +19,14 @@ class RolloutSpec(Spec):
 
     max_new_tokens: int = Field(default=64, ge=1, le=1_048_576, description="Longest completion.")
     temperature: float = Field(
-        default=1.0,
-        ge=0.0,
-        le=100.0,
+        default=1.0, ge=0.0, le=100.0,
         description="Sampling temperature; 0 is greedy (PPO only: GRPO's completions of one prompt "
         "would all be the same).",
     )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(default=0, ge=0, le=1_000_000, description="Top-k sampling; 0 turns it off.")
     decode_rows: int | None = Field(
-        default=None,
-        ge=1,
-        le=1_048_576,
+        default=None, ge=1, le=1_048_576,
         description="Decode rows per actor GPU: the step's completions of each actor GPU (globalBatch x "
         "groupSize / roles.actor.gpus) stream through this many rows, which bounds the KV cache and the "
         "work of each decode step. At most the rows each actor GPU generates. Unset: all of them at once.",

@@ -1,5 +1,5 @@
-"""Rules on the pod knobs of the spec (resources, node selector, tolerations, security context),
-each a Python check and its CEL twin.
+"""The pod knobs of the spec (resources, node selector, tolerations, security context), each
+model with its rules, a Python check and its CEL twin.
 
 The API server validates a pod far more strictly than a CRD's schema says: a request above its
 limit, a label key with two slashes or a name part longer than 63 characters, a toleration whose
@@ -11,10 +11,21 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from rlkube.operator.api.validation.cel import rule
-from rlkube.operator.api.validation.rule import Rule, when
+from pydantic import Field
+
+from rlkube.operator.api.limits import (
+    LABEL_KEY_MAX,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_MAX,
+    LABEL_VALUE_PATTERN,
+    QUANTITY_MAX_LEN,
+    QUANTITY_PATTERN,
+)
+from rlkube.runtime.contract.rule import Rule, when
+from rlkube.runtime.contract.rule import cel_entry as rule
+from rlkube.runtime.contract.spec import Spec
 
 # -- resources: a request above its limit ---------------------------------------------------------
 
@@ -66,6 +77,34 @@ def _request_above_limit(field: str, wire: str) -> Rule:
 
 RESOURCES = tuple(_request_above_limit(field, wire) for field, wire in RESOURCE_FIELDS)
 
+
+Quantity = Annotated[str, Field(max_length=QUANTITY_MAX_LEN, pattern=QUANTITY_PATTERN)]
+
+
+class ResourceList(Spec):
+    """CPU and memory amounts, as Kubernetes quantities."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU cores, e.g. '500m' or '8'.")
+    memory: Quantity | None = Field(default=None, description="Memory, e.g. '2Gi' or '512Mi'.")
+    ephemeral_storage: Quantity | None = Field(
+        default=None, description="Node-local scratch space, e.g. '10Gi'."
+    )
+
+
+class PodResources(Spec):
+    """CPU and memory of each pod. GPUs are not set here: each pod gets placement.gpusPerPod."""
+
+    RULES = RESOURCES
+
+    requests: ResourceList = Field(
+        default_factory=ResourceList, description="Amounts the scheduler reserves for each pod."
+    )
+    limits: ResourceList = Field(
+        default_factory=ResourceList, description="Most each pod may use (memory: OOM-killed above)."
+    )
+
+
+
 # -- label keys of the node selector --------------------------------------------------------------
 
 # A label key as the API server checks it (validation.IsQualifiedName): an optional DNS-subdomain
@@ -107,6 +146,31 @@ TOLERATION = (
          lambda t: when(t.toleration_seconds is not None and t.effect != "NoExecute"), ".tolerationSeconds"),
 )
 
+
+class Toleration(Spec):
+    """A pod toleration, as in the Pod API."""
+
+    RULES = TOLERATION
+
+    key: str | None = Field(
+        default=None, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY_PATTERN,
+        description="Taint key the toleration matches; unset with operator Exists matches all taints.",
+    )
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="How key and value match.")
+    value: str | None = Field(
+        default=None, max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN,
+        description="Taint value (operator Equal).",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect matched; unset matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=31_536_000,
+        description="NoExecute only: seconds the pod stays bound after the taint appears.",
+    )
+
+
+
 # -- security context -----------------------------------------------------------------------------
 
 SECURITY = (
@@ -114,3 +178,19 @@ SECURITY = (
          "!(has(self.runAsNonRoot) && self.runAsNonRoot && has(self.runAsUser) && self.runAsUser == 0)",
          lambda s: when(bool(s.run_as_non_root) and s.run_as_user == 0), ".runAsNonRoot"),
 )
+
+
+class PodSecurity(Spec):
+    """Overrides of the pods' security context (the operator's default runs as non-root 1000)."""
+
+    RULES = SECURITY
+
+    run_as_user: int | None = Field(default=None, ge=0, le=2**31 - 1, description="UID of the trainer process.")
+    run_as_group: int | None = Field(default=None, ge=0, le=2**31 - 1, description="GID of the trainer process.")
+    fs_group: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="Group that owns mounted volumes (checkpoints)."
+    )
+    run_as_non_root: bool | None = Field(
+        default=None, description="Refuse to start a container whose user is root."
+    )
+

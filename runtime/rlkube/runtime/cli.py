@@ -2,10 +2,12 @@
 
 `run` (and its alias `train`) reads the runtime config (a RuntimeConfig as camelCase YAML, the
 path as argument or in RLKUBE_CONFIG), validates it before anything starts — a bad config exits
-3 with the field path of every problem — and then launches (launch.py) and trains. `run(config)`
-is the in-process entry point: it picks the trainer of `config.algorithm` from the algorithms'
-registry (contract/algorithms.py: trainers/dpo.py, kto.py, rl/) and maps outcomes to the exit
-codes of the contract (`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
+3 with the field path of every problem — and then launches (launch.py) and trains. Rank 0 prints
+JSON lines where stdout is not a terminal and the progress view where it is; `--log-format`
+says which (infra/terminal.py). `run(config)` is the in-process entry point: it picks the
+trainer of `config.algorithm` from the algorithms' registry (contract/algorithms.py:
+trainers/dpo.py, kto.py, rl/) and maps outcomes to the exit codes of the contract
+(`rlkube.runtime.contract.pod`, docs/architecture.md "The contract").
 
 `export` writes the Hugging Face directory of a committed checkpoint's actor (infra/export.py), on
 CPU in this one process (a LoRA actor: its adapter in DIR/adapter, and with --merge-lora the merged
@@ -30,6 +32,7 @@ from rlkube.runtime.contract.field_path import field_path
 from rlkube.runtime.contract.model_types import model_problems
 from rlkube.runtime.contract.pod import ENV_CONFIG, EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
 from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss, Terminated
+from rlkube.runtime.infra.terminal import LOG_FORMAT_ENV, LOG_FORMATS
 
 
 def format_validation_error(err: ValidationError, source: str) -> list[str]:
@@ -125,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     for verb in ("run", "train"):
         v = verbs.add_parser(verb, help="train with CONFIG (a RuntimeConfig YAML)")
         v.add_argument("config", nargs="?", default=os.environ.get(ENV_CONFIG), help="config path")
+        v.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                       help="rank 0's stdout: json (one JSON object a line), text (the progress view and "
+                       "the summary in words), or auto: text on a terminal, else json (the default)")
     d = verbs.add_parser("doctor", help="print device information; check required capabilities")
     d.add_argument("--require", default="", help="comma-separated: cuda,nccl,flash_attn")
     e = verbs.add_parser("export", help="write a committed checkpoint's model as a Hugging Face directory")
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlkube.runtime.infra.sigterm import stop_while_starting
 
     stop_while_starting()  # PID 1 in a pod ignores SIGTERM without a handler (infra/sigterm.py)
+    if ns.log_format is not None:  # the env carries it to the workers spawn_workers starts
+        os.environ[LOG_FORMAT_ENV] = ns.log_format
     if not ns.config:
         print(f"config error: no config path (argument or {ENV_CONFIG})", file=sys.stderr)
         return EXIT_CONFIG

@@ -99,7 +99,7 @@ def test_thread_samples_the_source_until_closed():
     assert w.samples >= 5 and w.mean == pytest.approx(0.25)
 
 
-def test_no_gpu_reports_none_and_warns_once(caplog):
+def test_no_gpu_reports_none_without_a_warning(caplog):
     # tests/conftest.py's runtime_log_state gives every test the logger and the warn-once keys
     # as a fresh process has them.
     import torch
@@ -113,7 +113,8 @@ def test_no_gpu_reports_none_and_warns_once(caplog):
     w = a.window()
     assert w.mean is None and w.phases == {"generate": None}
     assert b.window().mean is None
-    assert sum("GPU busy sampling" in r.message or "no GPU busy" in r.message for r in caplog.records) == 1
+    # nothing a user could act on (a CPU has no GPU to sample): no warning; the summary says it
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     a.close()
 
 

@@ -15,8 +15,9 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
 from rlkube.runtime.infra.progress import Progress
+from rlkube.runtime.infra.terminal import LOG_FORMAT_ENV
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
-from rlkube.runtime.trainers.reporting import ProgressReport
+from rlkube.runtime.trainers.reporting import ProgressReport, RunConsole
 
 DPO = StepReport(reward_mean="rewardChosen", gauges={"accuracy": "accuracy", "tokenBudget": "token_budget"})
 RL = StepReport(reward_mean="rewardMean", gauges={"generationSeconds": "generationSeconds",
@@ -86,13 +87,21 @@ def test_a_run_result_reads_any_field_of_its_steps():
     assert result.evals == [{"step": 2, "accuracy": 0.9}]
 
 
-def _report(tmp_path, monkeypatch, rank: int = 0) -> ProgressReport:
-    """Rank `rank`'s report of a 2-step run on 2 ranks, its termination message in tmp_path."""
+def _run(tmp_path, monkeypatch, rank: int = 0) -> tuple[RuntimeConfig, DistContext]:
+    """A 2-step run on 2 ranks as rank `rank` sees it, its termination message in tmp_path."""
     monkeypatch.setenv("RLKUBE_TERMINATION_LOG", str(tmp_path / "termination"))
+    monkeypatch.delenv(LOG_FORMAT_ENV, raising=False)
     cfg = RuntimeConfig.model_validate({
         "algorithm": "dpo", "model": {"config": {"model_type": "qwen2"}}, "roles": {"actor": {"gpus": 1}},
-        "data": {"source": "s", "format": "synthetic"}, "training": {"steps": 2}, "progressPort": 0})
-    return ProgressReport(cfg, DistContext(rank=rank, world_size=2, role_ranks={"actor": [0, 1]}))
+        "data": {"source": "s", "format": "synthetic"}, "training": {"steps": 2}, "progressPort": 0,
+        "checkpoint": {"dir": str(tmp_path / "ckpt")}})
+    return cfg, DistContext(rank=rank, world_size=2, role_ranks={"actor": [0, 1]})
+
+
+def _report(tmp_path, monkeypatch, rank: int = 0) -> ProgressReport:
+    """Rank `rank`'s report of a 2-step run on 2 ranks (its console not entered: no summary)."""
+    cfg, ctx = _run(tmp_path, monkeypatch, rank)
+    return ProgressReport(cfg, ctx, RunConsole(cfg, ctx))
 
 
 def _termination(tmp_path) -> dict:
@@ -100,7 +109,8 @@ def _termination(tmp_path) -> dict:
 
 
 def test_the_report_goes_from_training_to_succeeded_and_leaves_its_last_report(tmp_path, monkeypatch, capsys):
-    with _report(tmp_path, monkeypatch) as shown:
+    cfg, ctx = _run(tmp_path, monkeypatch)
+    with RunConsole(cfg, ctx) as console, ProgressReport(cfg, ctx, console) as shown:
         shown.started({"event": "start", "startupSeconds": {"total": 1.0}}, start_step=0)
         assert shown.progress.snapshot()["phase"] == "training"
         rec = StepRecord.from_fields(dpo_fields(step=2), DPO)
@@ -112,7 +122,9 @@ def test_the_report_goes_from_training_to_succeeded_and_leaves_its_last_report(t
     last = _termination(tmp_path)
     assert last["phase"] == "succeeded" and last["step"] == 2 and last["outputs"]["model"]["step"] == 2
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [line["event"] for line in lines] == ["start", "step"] and lines[1]["accuracy"] == 0.5
+    assert [line["event"] for line in lines] == ["start", "step", "summary"] and lines[1]["accuracy"] == 0.5
+    summary = lines[2]  # stdout is not a terminal here: JSON lines, the summary last
+    assert (summary["steps"], summary["lastStep"], summary["model"], summary["checkpoint"]) == (1, 2, "/out", None)
     metrics = generate_latest(shown.progress.registry).decode()
     assert 'rlkube_gpu_busy_ratio{phase="step",rank="0",role="actor"} 0.5' in metrics
     assert 'rank="1"' not in metrics and "rlkube_checkpoints_total 1.0" in metrics
@@ -130,7 +142,8 @@ def test_a_non_finite_loss_marks_the_report_failed_and_a_stop_leaves_it_training
 
 
 def test_other_ranks_report_nothing(tmp_path, monkeypatch, capsys):
-    with _report(tmp_path, monkeypatch, rank=1) as shown:
+    cfg, ctx = _run(tmp_path, monkeypatch, rank=1)
+    with RunConsole(cfg, ctx) as console, ProgressReport(cfg, ctx, console) as shown:
         shown.started({"event": "start"}, start_step=0)
         shown.step(StepRecord.from_fields(dpo_fields(), DPO))
         shown.succeeded()

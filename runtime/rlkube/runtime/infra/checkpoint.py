@@ -46,6 +46,7 @@ import re
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,6 +67,16 @@ from rlkube.runtime.infra.staging import (
     pinned_like,
     same_layout,
     state_bytes,
+)
+
+# DCP warns on every save and load without a process group (one process on a workstation, the
+# `export` verb) that it assumes "a single process": that is what runs, and nothing is to be done.
+# A filter on that message alone, for the process: catch_warnings around the calls would not do,
+# since the background writer saves on a thread of its own and catch_warnings is not thread-safe.
+warnings.filterwarnings(
+    "ignore", category=UserWarning,
+    message=r"torch\.distributed is (disabled, )?unavailable or uninitialized, assuming the intent is to "
+            r"(save|load) in a single process",
 )
 
 META = "rlkube-checkpoint.json"

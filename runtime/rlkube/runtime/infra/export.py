@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -275,9 +274,7 @@ def read_model_state(path: Path, prefix: str) -> dict[str, torch.Tensor]:
             wanted[key[len("model."):]] = torch.empty(item.size, dtype=item.properties.dtype)
     if not wanted:
         raise ConfigError(f"{path}: holds no model tensors under {full!r}")
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": wanted}, storage_reader=reader, no_dist=True)
+    dcp.load({"model": wanted}, storage_reader=reader, no_dist=True)  # "a single process": checkpoint.py
     skip = len(prefix) + len(MODEL_PREFIX)
     return {key[skip:]: value for key, value in wanted.items()}
 

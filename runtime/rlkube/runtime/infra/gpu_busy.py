@@ -15,7 +15,8 @@ than the sample period may hold no sample: its mean is None, not a guess.
 
 The source is injectable: `BusySampler(source=..., clock=...)` with a fake source and clock
 drives it without a GPU (`sample_once` takes one sample on the caller's thread). Without a GPU or
-without NVML the sampler has no source: it warns once, reports None, and never raises.
+without NVML the sampler has no source: it reports None and never raises; a GPU without NVML
+warns once (installing pynvml fixes it), a CPU run does not (there is nothing to fix).
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ class BusySampler:
 def sampler_for(device) -> BusySampler:
     """The started sampler of `device` (a torch.device): NVML on CUDA, no source elsewhere."""
     if getattr(device, "type", "cpu") != "cuda":
-        warn_once("gpu-busy", f"no GPU busy sampling on device {device}; GPU utilization is reported as None")
+        # Nothing a user could change: a CPU run has no GPU to sample. No warning; the run's
+        # summary says so once, and the fields are null.
         return BusySampler(None)
     import torch
 

@@ -50,7 +50,7 @@ from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
-from rlkube.runtime.trainers.reporting import ProgressReport, StepPrinter
+from rlkube.runtime.trainers.reporting import ProgressReport, RunConsole
 
 
 @dataclass
@@ -169,10 +169,6 @@ class Trainer:
     def start_event(self) -> dict:
         raise NotImplementedError
 
-    def step_printer(self) -> StepPrinter | None:
-        """How rank 0 prints a step (None: one JSON line)."""
-        return None
-
     def trainer_state(self) -> dict:
         """The trainer's own state in the checkpoint's metadata."""
         return {"seed": self.config.training.seed}
@@ -245,9 +241,10 @@ class Trainer:
         # parameter_budget: what partial freezing (training.trainableModules) saves, in numbers
         start = {**self.start_event(), "startupSeconds": self.startup.seconds(), **parameter_budget(self.trainable)}
         # Left in reverse order: the termination message, then the last save committed and the
-        # threads stopped (also after SIGTERM or a crash), then SIGTERM's handler (see SigtermFlag).
-        with SigtermFlag() as sigterm, self.committed_on_exit(), \
-                ProgressReport(cfg, ctx, self.step_printer()) as report:
+        # threads stopped (also after SIGTERM or a crash), then SIGTERM's handler (see SigtermFlag),
+        # then rank 0's console: the summary of a run that succeeded names its committed checkpoint.
+        with RunConsole(cfg, ctx, self.monitor.memory_total()) as console, SigtermFlag() as sigterm, \
+                self.committed_on_exit(), ProgressReport(cfg, ctx, console) as report:
             tighten_timeout(ctx)  # start-up is over: a hang from here on becomes an exit
             report.started(start, self.start_step)
             for step in range(self.start_step, cfg.training.steps):

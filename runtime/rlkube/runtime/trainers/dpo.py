@@ -35,7 +35,6 @@ alone: the process exits as a crash, the pod restarts, and resumes from the last
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from typing import Any, Protocol
 
@@ -79,7 +78,6 @@ from rlkube.runtime.trainers.base import (
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
 from rlkube.runtime.trainers.evaluation import preference_summary
 from rlkube.runtime.trainers.plan_request import plan_memory, preference_models, staging_of
-from rlkube.runtime.trainers.reporting import StepPrinter
 
 # Per-micro-batch sums of the data, besides those of every objective (PreferenceObjective.SUMS).
 DATA_SUMS = ("tokens", "scored")
@@ -174,19 +172,6 @@ class DpoObjective:
 
     def start_fields(self, data: PreferenceData) -> dict:
         return {"pairs": len(data)}
-
-
-def _progress_bar(step: int, total: int, rec: dict) -> None:
-    width = 30
-    done = int(width * step / total)
-    tps = rec.get("tokensPerSecond") or 0
-    sys.stderr.write(
-        f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {rec['loss']:.4f} "
-        f"acc {rec['accuracy']:.2f} {tps:,.0f} tok/s"
-    )
-    if step == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 class DPOTrainer(Trainer):
@@ -412,11 +397,6 @@ class DPOTrainer(Trainer):
                 **self.objective.start_fields(self.data), "setupSeconds": round(self.setup_seconds, 2),
                 "peakFlops": self.peak, "peakSource": self.peak_source,
                 "memoryPlan": self.plan.describe() if self.plan is not None else None}
-
-    def step_printer(self) -> StepPrinter | None:
-        total = self.config.training.steps
-        tty = self.ctx.is_main and sys.stderr.isatty()
-        return (lambda done, rec: _progress_bar(done, total, rec)) if tty else None
 
     def decisions(self) -> list[str]:
         return list(self.batcher.decisions)

@@ -8,21 +8,24 @@
   succeeded after the last step, failed on a non-finite loss (a stop or a crash leaves training:
   the exit code says the rest); the last report is left as the container's termination message
   when the run ends, however it ends.
-- Of each step (record.StepRecord, the one conversion): its log line on rank 0 (a JSON line, or
-  the trainer's own printer on a terminal), its /progress fields and gauges, and
+- Of each step (record.StepRecord, the one conversion): its /progress fields and gauges, and
   `rlkube_gpu_busy_ratio{role,rank,phase}` for every rank; of a checkpoint save, how long it held
   the loop; of an export, the model's path (docs/metrics.md).
+- What rank 0 prints (`RunConsole`): JSON lines (the start event, every step's log line, then the
+  summary event), or on a terminal the progress view (trainers/progress_view.py) and the
+  summary in words (trainers/summary.py); infra/terminal.log_format decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
 
 from rlkube.runtime.contract import progress as report
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.infra.checkpoint import latest
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import NonFiniteLoss
-from rlkube.runtime.infra.log import emit, log
+from rlkube.runtime.infra.log import emit, log, route_events
 from rlkube.runtime.infra.metrics import BusyGauges
 from rlkube.runtime.infra.progress import (
     Progress,
@@ -30,10 +33,10 @@ from rlkube.runtime.infra.progress import (
     adopt_early_server,
     write_termination_message,
 )
+from rlkube.runtime.infra.terminal import log_format
+from rlkube.runtime.trainers.progress_view import ProgressView
 from rlkube.runtime.trainers.record import StepRecord
-
-# How rank 0 prints a step instead of its JSON line: (steps done, the step's log line).
-StepPrinter = Callable[[int, dict], None]
+from rlkube.runtime.trainers.summary import RunTally, summary_lines
 
 
 def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | None) -> ProgressServer | None:
@@ -51,13 +54,69 @@ def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | No
         return None
 
 
+class RunConsole:
+    """What rank 0 prints of a run on stdout (other ranks print nothing): in the JSON format a line
+    per event; in the text format the progress view, with the other events in words above it. A
+    context manager, entered before the loop's checkpointer is: on the way out of a run that
+    succeeded, its last checkpoint is committed, and the summary follows (summary.py)."""
+
+    def __init__(self, cfg: RuntimeConfig, ctx: DistContext, memory_total: int | None = None) -> None:
+        self.cfg, self.device = cfg, ctx.device.type
+        self.is_main = ctx.is_main
+        self.tally = RunTally(ctx.world_size, memory_total) if ctx.is_main else None
+        self.text = ctx.is_main and log_format() == "text"
+        self.view: ProgressView | None = None
+        self.succeeded = False
+
+    def __enter__(self) -> RunConsole:
+        if self.text:
+            self.view = ProgressView(self.cfg.training.steps, self.cfg.algorithm)
+            route_events(self.view.event)
+        return self
+
+    def started(self, event: dict) -> None:
+        if self.tally is not None:
+            self.tally.started(event)
+        if self.view is not None:
+            self.view.started(event)
+        elif self.is_main:
+            emit(event)
+
+    def step(self, rec: StepRecord) -> None:
+        if self.tally is not None:
+            self.tally.add(rec)
+        if self.view is not None:
+            self.view.step(rec)
+        elif self.is_main:
+            emit(rec.log_line())
+
+    def exported(self, fields: dict | None) -> None:
+        if self.tally is not None:
+            self.tally.exported(fields)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.view is not None:
+                self.view.close()  # the last step's lines stay; a traceback starts on a line of its own
+        finally:
+            route_events(None)
+        if exc_type is None and self.succeeded and self.tally is not None:
+            found = latest(self.cfg.checkpoint.dir)
+            summary = self.tally.summary(str(found[1]) if found else None)
+            if self.view is None:
+                emit(summary)
+            else:
+                sys.stdout.write("\n".join(summary_lines(summary, self.device)) + "\n")
+                sys.stdout.flush()
+
+
 class ProgressReport:
     """The run's reports, from the start event to the termination message. A context manager: on
     the way out (any way out) it writes the termination message and stops the endpoint; a
     NonFiniteLoss on the way marks the phase failed first."""
 
-    def __init__(self, cfg: RuntimeConfig, ctx: DistContext, printer: StepPrinter | None = None) -> None:
-        self.is_main, self.printer = ctx.is_main, printer
+    def __init__(self, cfg: RuntimeConfig, ctx: DistContext, console: RunConsole) -> None:
+        self.console = console
         self.progress = Progress(cfg.training.steps, gpus=ctx.world_size) if ctx.is_main else None
         self.gauges = BusyGauges(self.progress.registry, ctx.role_ranks) if self.progress is not None else None
         self.server = serve_progress(cfg, ctx, self.progress)
@@ -67,8 +126,7 @@ class ProgressReport:
 
     def started(self, event: dict, start_step: int) -> None:
         """The start event (log) and the training phase (/progress) from `start_step` steps done."""
-        if self.is_main:
-            emit(event)
+        self.console.started(event)
         if self.progress is not None:
             plan = event.get("memoryPlan") or {}
             self.progress.update(phase=report.PHASE_TRAINING, step=start_step,
@@ -79,8 +137,7 @@ class ProgressReport:
         if self.progress is not None:
             self.progress.update(**rec.progress_fields())
             self.gauges.set(rec.busy_ranks)
-        if self.is_main:
-            self.printer(rec.step, rec.log_line()) if self.printer is not None else emit(rec.log_line())
+        self.console.step(rec)
 
     def checkpointed(self, stall_seconds: float) -> None:
         """A checkpoint save that held the loop for `stall_seconds`."""
@@ -89,10 +146,12 @@ class ProgressReport:
 
     def exported(self, fields: dict | None) -> None:
         """An export's /progress fields (infra/export.py), where one happened."""
+        self.console.exported(fields)
         if self.progress is not None and fields:
             self.progress.update(**fields)
 
     def succeeded(self) -> None:
+        self.console.succeeded = True
         if self.progress is not None:
             self.progress.update(phase=report.PHASE_SUCCEEDED)
 

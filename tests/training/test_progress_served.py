@@ -37,9 +37,10 @@ def test_progress_and_metrics_while_training(tmp_path):
         assert set(seen) == {"phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization",
                              "loss", "rewardMean", "attempt", "gpuBusyPhases", "phaseSeconds", "startupSeconds",
                              "outputs", "evalStep", "evalLoss", "evalAccuracy", "evalMargin", "evalRewardMean",
-                             "stepSeconds"}
+                             "stepSeconds", "memoryPlan"}
         assert seen["stepSeconds"] > 0  # the latest step's time, which status.progress's ETA uses
         assert seen["outputs"] is None  # no export before the last step (export.everySteps unset)
+        assert seen["memoryPlan"] is None  # a CPU has no card to plan for
         assert seen["evalStep"] is None and seen["evalAccuracy"] is None  # no eval set, no evaluation
         assert seen["attempt"] == 2  # the restart attempt the pod runs as, from its env
         assert seen["totalSteps"] == 40 and seen["tokensPerSecond"] > 0 and 0 < seen["loss"] < 1

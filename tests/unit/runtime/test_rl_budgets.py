@@ -28,9 +28,9 @@ def budgets(**kw):
     return RLBudgets(BatchingSpec(**kw), None, None)
 
 
-def plan(left=40 << 30, resident=10 << 30, train_tokens=8000):
-    return SimpleNamespace(left=left, resident=resident, train_tokens=train_tokens, decode_rows=0,
-                           forward_ratio=10.0, train_bytes_per_token=4 << 20)
+def plan(left=40 << 30, resident=10 << 30, train_tokens=8000, forward_tokens=10**9, decode_rows=0):
+    return SimpleNamespace(left=left, resident=resident, train_tokens=train_tokens, decode_rows=decode_rows,
+                           forward_ratio=10.0, train_bytes_per_token=4 << 20, forward_tokens=forward_tokens)
 
 
 def test_calibration_grows_the_budget_to_what_a_token_measurably_costs():
@@ -93,3 +93,23 @@ def test_a_resumed_run_does_not_calibrate_again():
     resumed.largest_tokens = 12000
     assert resumed.calibrate((10 << 30) + 12000 * (1 << 20), plan()) is None
     assert resumed.train_tokens == 12000
+
+
+def test_calibration_does_not_raise_the_forward_budget_past_the_plans():
+    b = RLBudgets(BatchingSpec(), plan(forward_tokens=100_000), None)
+    assert b.forward_tokens == 80_000  # 8,000 training tokens x the forward ratio 10
+    b.largest_tokens = 8000
+    b.calibrate(30 << 30, plan(forward_tokens=100_000))  # training budget 8,000 -> 16,000
+    assert b.train_tokens == 16000 and b.forward_tokens == 100_000
+
+
+def test_a_resume_on_a_smaller_card_keeps_the_budgets_within_its_plan():
+    saved = RLBudgets(BatchingSpec(), plan(train_tokens=8000, decode_rows=128), None)
+    saved.batcher.budget = 32000
+    state = saved.state_dict()
+    smaller = RLBudgets(BatchingSpec(), plan(train_tokens=2000, decode_rows=32), None)
+    smaller.load_state_dict(state)
+    assert smaller.train_tokens == 4 * 2000 and smaller.decode_rows == 32
+    same = RLBudgets(BatchingSpec(), plan(train_tokens=8000, decode_rows=128), None)
+    same.load_state_dict(state)
+    assert same.train_tokens == 32000 and same.decode_rows == 128

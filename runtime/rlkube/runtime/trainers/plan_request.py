@@ -32,7 +32,7 @@ def _hf_config(spec: ModelSpec):
     from transformers import AutoConfig
 
     if spec.path is not None:
-        return AutoConfig.from_pretrained(spec.path)
+        return AutoConfig.from_pretrained(spec.path, local_files_only=True)
     fields = dict(spec.config or {})
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 

@@ -30,7 +30,14 @@ from rlkube.runtime.contract.config import BatchingSpec, RuntimeConfig
 from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max
 from rlkube.runtime.infra.log import log
-from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, equalise, split_share
+from rlkube.runtime.trainers.batching import (
+    MAX_CALIBRATION,
+    AdaptiveBatcher,
+    Measurement,
+    SampleCost,
+    equalise,
+    split_share,
+)
 from rlkube.runtime.trainers.memory_plan import MemoryPlan
 from rlkube.runtime.trainers.plan_request import held_model, plan_memory, shards_of
 from rlkube.runtime.trainers.rl.groups import RoleGroups
@@ -80,6 +87,13 @@ class RLBudgets:
             self.forward_ratio = plan.forward_tokens / self.batcher.budget
         self.forward_scale = 1.0  # halved by each out-of-memory error in a forward-only pass
         self.decode_rows = plan.decode_rows if plan is not None and plan.decode_rows else decode_rows
+        # The plan's forward budget is a ceiling: calibration measures a training token's cost, not a
+        # forward one's, so a raised training budget does not raise the forward budget past the plan's.
+        self.forward_ceiling = plan.forward_tokens if plan is not None else None
+        # A resumed run's learned budgets are kept below what this GPU's plan allows (another card or
+        # world size than the run that saved them): the decode rows and the most calibration may reach.
+        self.plan_ceiling = (plan.train_tokens * MAX_CALIBRATION if plan is not None and plan.train_tokens else None,
+                             plan.decode_rows if plan is not None and plan.decode_rows else None)
         self.oom_retries = 0  # this step's redos, reported in the step record
         self.largest_tokens = 0  # the largest training micro-batch of the step (rows x longest row)
         self.calibrated = plan is None
@@ -90,7 +104,10 @@ class RLBudgets:
 
     @property
     def forward_tokens(self) -> int:
-        return max(1, int(self.batcher.budget * self.forward_ratio * self.forward_scale))
+        tokens = self.batcher.budget * self.forward_ratio
+        if self.forward_ceiling is not None:
+            tokens = min(tokens, self.forward_ceiling)
+        return max(1, int(tokens * self.forward_scale))
 
     def micro_batches(self, lengths: list[int], shares: list[list[int]], mine: int, forward: bool = False
                       ) -> list[list[int]]:
@@ -184,6 +201,11 @@ class RLBudgets:
         self.batcher.load_state_dict(state["batcher"])
         self.forward_scale = float(state.get("forwardScale", 1.0))
         self.decode_rows = state.get("decodeRows", self.decode_rows)
+        most_tokens, most_rows = self.plan_ceiling
+        if most_tokens is not None and self.batcher.budget > most_tokens:
+            self.batcher.budget = most_tokens
+        if most_rows is not None and self.decode_rows is not None and self.decode_rows > most_rows:
+            self.decode_rows = most_rows
         self.calibrated = bool(state.get("calibrated", True))  # written after a first step: calibrated then
 
 

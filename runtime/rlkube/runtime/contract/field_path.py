@@ -1,7 +1,7 @@
 """The one way a field is named in an error: `spec.roles.actor.gpus`, `spec.tolerations[0].key`.
 
 Both sides report a user's mistake by the path of the field it is in: `rlkube validate` and the
-operator (`rlkube.operator.field_errors`, for a manifest or a job's spec) and the runtime's CLI
+operator (`rlkube.operator.api.field_errors`, for a manifest or a job's spec) and the runtime's CLI
 (for run.yaml, exit code 3). Each turns a pydantic error location into that path here, so a
 field reads the same in `kubectl describe`, in `rlkube validate` and in a trainer's log.
 """

@@ -14,13 +14,11 @@ peak differs by rank, without running it.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.distributed import init_from_env, shutdown
@@ -28,6 +26,7 @@ from rlkube.runtime.trainers.memory_plan import GIB
 
 from .conftest import tiny_config
 from .rl_common import rl_config
+from .spawned import spawn_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -90,14 +89,8 @@ def worker(rank: int, algorithm: str, cfg: dict, port: int, results) -> None:
 
 @pytest.mark.parametrize("algorithm", ["grpo", "dpo"])
 def test_every_rank_plans_with_the_same_budgets(algorithm, tmp_path, monkeypatch):
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.start_processes(worker, args=(algorithm, config(algorithm, str(tmp_path)), port, results), nprocs=2,
-                       join=True, start_method="spawn")
+    results = spawn_ranks(worker, lambda port, results: (algorithm, config(algorithm, str(tmp_path)), port, results),
+                          monkeypatch)
     zero, one = results[0], results[1]
     assert zero["built"]["train"] > 1000  # planned from the stand-in card, not the CPU default
     assert zero["built"] == one["built"], "after the plan"

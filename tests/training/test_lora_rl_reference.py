@@ -5,12 +5,10 @@ with equals the one a separate frozen copy of the base gives. Tiny qwen2 on CPU,
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.lora import ReferenceView
@@ -20,6 +18,7 @@ from rlkube.runtime.trainers.rl.scoring import build_reference
 from rlkube.runtime.trainers.rl.trainer import RLTrainer
 
 from .rl_common import TINY_MODEL, rl_config
+from .spawned import spawn_ranks
 
 LORA = {"rank": 4, "alpha": 8, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]}
 BASE = {"config": {**TINY_MODEL, "initializer_range": 0.2}, "dtype": "float32", "attention": "sdpa"}
@@ -122,15 +121,7 @@ def worker(rank: int, port: int, tmp: str, results) -> None:
 def test_sharded_lora_actor_serves_as_its_reference_on_two_ranks(tmp_path, monkeypatch):
     """The actor FSDP-sharded over 2 ranks (gloo): switching the adapters off inside the sharded
     module gives the KL a separate sharded copy of the base gives."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    results = mp.Manager().dict()
-    # spawn, not fork: torch refuses a forked worker autograd once an earlier test's backward has
-    # started autograd's threads in this process (so a subset of the tests failed by their order)
-    mp.start_processes(worker, args=(port, str(tmp_path), results), nprocs=2, join=True, start_method="spawn")
+    results = spawn_ranks(worker, lambda port, results: (port, str(tmp_path), results), monkeypatch)
     for rank in (0, 1):
         (shared_kind, shared), (copy_kind, copied) = results[rank][False], results[rank][True]
         assert shared_kind == "ReferenceView" and copy_kind != "ReferenceView"

@@ -17,19 +17,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.trainers.rl.trainer import RLTrainer
 
 from .rl_common import rl_config
+from .spawned import spawn_ranks
 
 GROUP, PROMPTS, NEW = 4, 6, 16  # 24 rows a step
 SETTINGS = [  # (decodeRows, refill): all rows at once first (the reference)
@@ -194,16 +193,7 @@ def two_rank_worker(rank: int, port: int, tmp: str, results) -> None:
 def test_two_rank_greedy_ppo_with_refill_trains_exactly_like_all_rows_at_once(tmp_path, monkeypatch):
     """The sharded actor (FSDP2 over 2 gloo ranks, each generating its 16 rows) with 3 decode rows
     and refill: the same greedy rollouts, so the same rewards, lengths and losses step by step."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = mp.Manager().dict()
-    # spawn, not fork: torch refuses a forked worker autograd once an earlier test's backward has
-    # started autograd's threads in this process (so a subset of the tests failed by their order)
-    mp.start_processes(two_rank_worker, args=(port, str(tmp_path), results), nprocs=2, join=True,
-                       start_method="spawn")
+    results = spawn_ranks(two_rank_worker, lambda port, results: (port, str(tmp_path), results), monkeypatch)
     runs = results[0]
     assert len(runs["all"]) == len(runs["refill"]) == 2
     assert all(0 < r["decodeRowOccupancy"] <= 1 for r in runs["refill"]), runs["refill"]

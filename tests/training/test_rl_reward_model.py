@@ -11,18 +11,22 @@ from .rl_common import TINY_MODEL, rl_config
 pytestmark = pytest.mark.slow
 
 
-def test_grpo_with_a_reward_model_runs_and_scores_every_completion(tmp_path):
+def grpo_with_a_reward_model(tmp_path, steps: int, **batching) -> RuntimeConfig:
+    """GRPO on the toy task, scored by a tiny random sequence classifier on no GPU of its own."""
     torch.set_num_threads(1)
     reward_model = {"config": {**TINY_MODEL, "hidden_size": 32, "intermediate_size": 64}, "dtype": "float32",
                     "attention": "sdpa"}
-    cfg = RuntimeConfig.model_validate(rl_config(
+    return RuntimeConfig.model_validate(rl_config(
         tmp_path, "grpo",
         roles={"actor": {"gpus": 1}, "reward": {"gpus": 0, "model": reward_model}},
-        batching={"globalBatch": 4, "maxMicroBatch": 16},
-        training={"steps": 2, "groupSize": 4},
+        batching={"globalBatch": 4, "maxMicroBatch": 16, **batching},
+        training={"steps": steps, "groupSize": 4},
         rollout={"maxNewTokens": 8},
     ))
-    result = train(cfg)
+
+
+def test_grpo_with_a_reward_model_runs_and_scores_every_completion(tmp_path):
+    result = train(grpo_with_a_reward_model(tmp_path, steps=2))
     assert result.steps_run == 2
     for rec in result.records:
         # a random classifier gives distinct scores, so every group carries signal
@@ -37,16 +41,7 @@ def test_the_reward_model_scores_by_micro_batches_of_the_forward_budget(tmp_path
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
-    torch.set_num_threads(1)
-    reward_model = {"config": {**TINY_MODEL, "hidden_size": 32, "intermediate_size": 64}, "dtype": "float32",
-                    "attention": "sdpa"}
-    config = RuntimeConfig.model_validate(rl_config(
-        tmp_path, "grpo",
-        roles={"actor": {"gpus": 1}, "reward": {"gpus": 0, "model": reward_model}},
-        batching={"globalBatch": 4, "maxMicroBatch": 16, "mode": "adaptive", "maxTokensPerGpu": 96},
-        training={"steps": 1, "groupSize": 4},
-        rollout={"maxNewTokens": 8},
-    ))
+    config = grpo_with_a_reward_model(tmp_path, steps=1, mode="adaptive", maxTokensPerGpu=96)
     trainer = RLTrainer(config, init_from_env(config.device_map))
     try:
         rollout, _ = trainer.rollout.generate(0, trainer.prompts(0))

@@ -75,20 +75,19 @@ class RunConsole:
         return self
 
     def started(self, event: dict) -> None:
-        if self.tally is not None:
-            self.tally.started(event)
-        if self.view is not None:
-            self.view.started(event)
-        elif self.is_main:
-            emit(event)
+        self._show(event, lambda tally: tally.started(event), lambda view: view.started(event))
 
     def step(self, rec: StepRecord) -> None:
+        self._show(rec.log_line(), lambda tally: tally.add(rec), lambda view: view.step(rec))
+
+    def _show(self, line: dict, count, draw) -> None:
+        """Count a record in the summary's tally (rank 0), then draw it in the view or print its JSON line."""
         if self.tally is not None:
-            self.tally.add(rec)
+            count(self.tally)
         if self.view is not None:
-            self.view.step(rec)
+            draw(self.view)
         elif self.is_main:
-            emit(rec.log_line())
+            emit(line)
 
     def exported(self, fields: dict | None) -> None:
         if self.tally is not None:

@@ -113,3 +113,24 @@ def test_a_resume_on_a_smaller_card_keeps_the_budgets_within_its_plan():
     same = RLBudgets(BatchingSpec(), plan(train_tokens=8000, decode_rows=128), None)
     same.load_state_dict(state)
     assert same.train_tokens == 32000 and same.decode_rows == 128
+
+
+def test_an_out_of_memory_error_on_several_ranks_leaves_the_smaller_budget_for_the_restart(tmp_path):
+    """The attempt ends (the other ranks wait in collectives); the restart, from a checkpoint written
+    at the larger budget, starts at the smaller one."""
+    ran_out = RLBudgets(BatchingSpec(), plan(train_tokens=8000, decode_rows=128), None, memo=(str(tmp_path), 1))
+    checkpoint = ran_out.state_dict()  # the last checkpoint, written before the error
+    failed = [SampleCost(i, 500, 1, 500) for i in range(16)]  # 16 rows of 500 tokens: 8,000
+    assert ran_out.training_oom(failed, world_size=2) is False
+    assert ran_out.decode_oom(world_size=2, rows=128) is False
+    restarted = RLBudgets(BatchingSpec(), plan(train_tokens=8000, decode_rows=128), None, memo=(str(tmp_path), 0))
+    restarted.load_state_dict(checkpoint)
+    assert restarted.train_tokens == 4000 and restarted.decode_rows == 64
+    elsewhere = RLBudgets(BatchingSpec(), plan(train_tokens=8000, decode_rows=128), None, memo=(str(tmp_path / "x"), 0))
+    assert elsewhere.train_tokens == 8000  # another job's directory: nothing recalled
+
+
+def test_on_one_rank_the_error_is_redone_and_nothing_is_left(tmp_path):
+    b = RLBudgets(BatchingSpec(), plan(train_tokens=8000), None, memo=(str(tmp_path), 0))
+    assert b.training_oom([SampleCost(i, 500, 1, 500) for i in range(16)], world_size=1) is True
+    assert b.train_tokens == 4000 and not (tmp_path / "oom-budgets").exists()

@@ -39,6 +39,7 @@ from rlkube.runtime.trainers.batching import (
     split_share,
 )
 from rlkube.runtime.trainers.memory_plan import MemoryPlan
+from rlkube.runtime.trainers.oom_memo import recalled, remember
 from rlkube.runtime.trainers.plan_request import held_model, plan_memory, shards_of
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 
@@ -72,8 +73,12 @@ class RLBudgets:
     """Training tokens, forward tokens and decode rows of this GPU; the learned values are in
     the checkpoint (`state_dict`) so a restart begins from them."""
 
-    def __init__(self, spec: BatchingSpec, plan: MemoryPlan | None, decode_rows: int | None) -> None:
+    def __init__(self, spec: BatchingSpec, plan: MemoryPlan | None, decode_rows: int | None,
+                 memo: tuple[str, int] | None = None) -> None:
+        """`memo`: (checkpoint directory, rank), where an out-of-memory error on a job of several ranks
+        leaves its shrunk budgets for the restart (oom_memo.py); None: nowhere."""
         self.spec = spec
+        self.memo = memo
         self.planned = plan is not None
         self.trains = plan is not None and bool(plan.train_tokens)  # the plan sized a training budget here
         # With a plan the budget grows once, from the first step's measurement (calibrate), not from
@@ -97,6 +102,7 @@ class RLBudgets:
         self.oom_retries = 0  # this step's redos, reported in the step record
         self.largest_tokens = 0  # the largest training micro-batch of the step (rows x longest row)
         self.calibrated = plan is None
+        self.recall()
 
     @property
     def train_tokens(self) -> int:
@@ -149,32 +155,56 @@ class RLBudgets:
 
     # -- out of memory ------------------------------------------------------------------------
     def _can_redo(self, world_size: int, what: str) -> bool:
+        """True on one rank. With several the budget just shrunk is left for the restart
+        (oom_memo.py) and the attempt ends: the other ranks are inside collectives."""
         if world_size > 1:
-            log.error("out of memory in %s with %d ranks: the attempt ends (the job restarts from its "
-                      "checkpoint)", what, world_size)
+            if self.memo is not None:
+                remember(self.memo[0], self.memo[1], self.memo_values())
+            log.error("out of memory in %s with %d ranks: the attempt ends; the job restarts from its "
+                      "checkpoint with this budget (%s)", what, world_size, self.memo_values())
             return False
         return True
 
     def training_oom(self, failed: list[SampleCost], world_size: int) -> bool:
         """After micro-batch `failed` ran out of memory: shrink, free; False when it cannot be redone."""
-        if not self._can_redo(world_size, "training") or not self.batcher.on_oom(failed):
+        if not self.batcher.on_oom(failed) or not self._can_redo(world_size, "training"):
             return False
         self._redo(f"training micro-batch of {len(failed)} rows: {self.batcher.decisions[-1]}")
         return True
 
     def forward_oom(self, world_size: int, row_tokens: int) -> bool:
-        if not self._can_redo(world_size, "scoring") or self.forward_tokens <= row_tokens:
+        if self.forward_tokens <= row_tokens:
             return False
         self.forward_scale /= 2
+        if not self._can_redo(world_size, "scoring"):
+            return False
         self._redo(f"forward-only passes: token budget now {self.forward_tokens}")
         return True
 
     def decode_oom(self, world_size: int, rows: int) -> bool:
-        if not self._can_redo(world_size, "generation") or rows <= 1:
+        if rows <= 1:
             return False
         self.decode_rows = rows // 2
+        if not self._can_redo(world_size, "generation"):
+            return False
         self._redo(f"rollout: decode rows {rows} -> {self.decode_rows}")
         return True
+
+    def memo_values(self) -> dict[str, float]:
+        out = {"tokenBudget": self.batcher.budget, "forwardScale": self.forward_scale}
+        if self.decode_rows is not None:
+            out["decodeRows"] = self.decode_rows
+        return out
+
+    def recall(self) -> None:
+        """Cap the budgets at what an earlier attempt of the job ran out of memory with (oom_memo.py)."""
+        memo = recalled(self.memo[0]) if self.memo is not None else {}
+        if "tokenBudget" in memo:
+            self.batcher.budget = max(1, min(self.batcher.budget, int(memo["tokenBudget"])))
+        if "forwardScale" in memo:
+            self.forward_scale = min(self.forward_scale, float(memo["forwardScale"]))
+        if "decodeRows" in memo and self.decode_rows is not None:
+            self.decode_rows = max(1, min(self.decode_rows, int(memo["decodeRows"])))
 
     def _redo(self, what: str) -> None:
         self.oom_retries += 1
@@ -206,6 +236,7 @@ class RLBudgets:
             self.batcher.budget = most_tokens
         if most_rows is not None and self.decode_rows is not None and self.decode_rows > most_rows:
             self.decode_rows = most_rows
+        self.recall()
         self.calibrated = bool(state.get("calibrated", True))  # written after a first step: calibrated then
 
 

@@ -101,7 +101,8 @@ class RLTrainer(Trainer):
         prompt_width = fixed_prompt_width(cfg, self.data, self.ctx.device)
         actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
         self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows, prompt_width)
-        self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows)
+        self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows,
+                                 memo=(cfg.checkpoint.dir, self.ctx.rank))
         self.budgets.agree(self.ctx)
         self.checkpoint_staging = staging_of(self.plan)
         self._build_workers()

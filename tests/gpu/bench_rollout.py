@@ -22,7 +22,7 @@ row (mean context = prompt + half the new tokens); floor seconds = those bytes /
 device-to-device copy bandwidth measured on an H200, docs/benchmarks.md; on another card, set
 COPY_BANDWIDTH to its own). "floor fraction" = floor time / measured time per step. Decode
 tokens/s counts generated tokens only, over the whole call (prefill included, for both).
-The peer BENCHMARKS.md names is HF `generate` with `cache_implementation="static"` and its
+The peer docs/benchmarks.md names is HF `generate` with `cache_implementation="static"` and its
 automatic `torch.compile` of the decode step (first call, compilation included, is a warm-up
 and not timed); the dynamic-cache default is printed next to it.
 

@@ -11,7 +11,7 @@
 #           auto (~5 min)
 # grpo-trl  one GRPO step against TRL's GRPOTrainer, EOS on (median 48), auto vs off (~6 min)
 # grpo-trl-llama  one GRPO step against TRL on the Llama-3.2-1B shape, equal lengths (its RL forwards lost
-#           a host wait each in the fourteenth session: transformers' packed-sequence check) (~6 min)
+#           a host wait each on 2026-12-05: transformers' packed-sequence check) (~6 min)
 # profile   torch.profiler over a DPO, a GRPO and a PPO step: where the idle time inside steps goes (~4 min)
 # profile-rl  profile_step.py for GRPO and PPO only (~4 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)

@@ -4,7 +4,7 @@ Logs go to stderr through the `rlkube.runtime` logger. `emit(record)` writes one
 line on stdout (step metrics, phase changes): that is what `kubectl logs` shows and what tests
 parse; while rank 0 shows the progress view on a terminal (trainers/reporting.RunConsole), the
 view takes the records instead (`route_events`) and says them in words. A warning about an ignored setting is printed once per process, loudly, saying what is
-used instead (a setting that is ignored warns once; it never falls back silently).
+used instead: nothing falls back silently.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def test_a_lora_actors_critic_is_planned_as_trained_in_full(tmp_path, monkeypatc
     """The critic takes the actor's model spec but not its adapters (CriticWorker trains every
     parameter): its gradients and AdamW moments are those of the whole model."""
     from rlkube.runtime.infra.distributed import init_from_env
-    from rlkube.runtime.trainers.rl.budgets import plan_rl_memory
+    from rlkube.runtime.trainers.plan_request import plan_rl_memory
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)

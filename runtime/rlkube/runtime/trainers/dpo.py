@@ -34,7 +34,6 @@ alone: the process exits as a crash, the pod restarts, and resumes from the last
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any, Protocol
 
@@ -77,7 +76,12 @@ from rlkube.runtime.trainers.base import (
 )
 from rlkube.runtime.trainers.batching import AdaptiveBatcher, Measurement, SampleCost, micro_batch_cost
 from rlkube.runtime.trainers.evaluation import preference_summary
-from rlkube.runtime.trainers.plan_request import plan_memory, preference_models, staging_of
+from rlkube.runtime.trainers.plan_request import (
+    free_device_memory,
+    plan_memory,
+    preference_models,
+    staging_of,
+)
 
 # Per-micro-batch sums of the data, besides those of every objective (PreferenceObjective.SUMS).
 DATA_SUMS = ("tokens", "scored")
@@ -390,9 +394,7 @@ class DPOTrainer(Trainer):
                     step + 1, len(failed), cost, self.batcher.decisions[-1],
                 )
                 self.optimizer.zero_grad(set_to_none=True)
-                gc.collect()
-                if self.ctx.device.type == "cuda":
-                    torch.cuda.empty_cache()
+                free_device_memory()
 
     # -- what the step loop shows and returns (base.Trainer.train runs it) ---------------
     def start_event(self) -> dict:

@@ -9,6 +9,8 @@ for, and batches come from `batching.maxTokensPerGpu` alone (batching.CPU_TOKEN_
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from rlkube.runtime.contract.config import ModelSpec, RuntimeConfig
@@ -26,6 +28,15 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
         return None
     free, total = torch.cuda.mem_get_info(device)
     return total, total - free
+
+
+def free_device_memory() -> None:
+    """After an out-of-memory error: drop what the failed work left (its tensors are garbage once the
+    exception is handled) and give the caching allocator's free blocks back, so a redo at a smaller
+    budget starts from the plan's memory, not from the fragments of the failed attempt."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _hf_config(spec: ModelSpec):
@@ -114,3 +125,33 @@ def staging_of(plan: MemoryPlan | None) -> str:
     if plan is None:
         return "auto"
     return "device" if plan.snapshot_on_device else "host"
+
+
+def reference_shares_actor(config: RuntimeConfig, ranks: dict[str, list[int]]) -> bool:
+    """A LoRA actor's reference is the actor with its adapters off: no second copy of the base,
+    where the reference runs on the actor's ranks and names no model of its own."""
+    ref = config.roles.reference
+    return (config.model.lora is not None and ref is not None and ref.model is None
+            and ranks.get("reference") == ranks.get("actor"))
+
+
+def plan_rl_memory(config: RuntimeConfig, ctx: DistContext, here: set[str], with_critic: bool, actor_rows: int,
+                   prompt_width: int | None) -> MemoryPlan | None:
+    """This GPU's memory plan for the RL roles it holds (None on a CPU); DoesNotFit (exit 3) when
+    they cannot fit, before any weight is loaded. `actor_rows`: the rows this GPU's actor
+    generates per step (0 without the actor)."""
+    roles, t = config.roles, config.training
+    held = []
+    if "actor" in here:
+        held.append(held_model("actor", config.model, shards_of(ctx, "actor"), True, t.trainable_modules))
+    if with_critic and "critic" in here:
+        critic = (roles.critic.model or config.model).model_copy(update={"lora": None})  # trained in full
+        held.append(held_model("critic", critic, shards_of(ctx, "critic"), True))
+    if t.kl > 0 and "reference" in here and not reference_shares_actor(config, config.device_map or {}):
+        held.append(held_model("reference", roles.reference.model or config.model, shards_of(ctx, "reference"),
+                               False))
+    if roles.reward is not None and roles.reward.model is not None and "reward" in here:
+        held.append(held_model("reward", roles.reward.model, 1, False))
+    if not held:
+        return None
+    return plan_memory(config, ctx, held, actor_rows, prompt_width or 0)

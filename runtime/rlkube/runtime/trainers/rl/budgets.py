@@ -22,11 +22,9 @@ ranks are inside collectives), and the operator restarts the job from its checkp
 
 from __future__ import annotations
 
-import gc
-
 import torch
 
-from rlkube.runtime.contract.config import BatchingSpec, RuntimeConfig
+from rlkube.runtime.contract.config import BatchingSpec
 from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max
 from rlkube.runtime.infra.log import log
@@ -40,15 +38,8 @@ from rlkube.runtime.trainers.batching import (
 )
 from rlkube.runtime.trainers.memory_plan import MemoryPlan
 from rlkube.runtime.trainers.oom_memo import recalled, remember
-from rlkube.runtime.trainers.plan_request import held_model, plan_memory, shards_of
+from rlkube.runtime.trainers.plan_request import free_device_memory
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-
-
-def free_device_memory() -> None:
-    """Drop what the failed work left (its tensors are garbage once the exception is handled)."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def balanced(bins: list[list[SampleCost]], budget: int) -> list[list[SampleCost]]:
@@ -257,31 +248,3 @@ def in_row_order(parts: list[torch.Tensor], batches: list[torch.Tensor], first_r
     return torch.empty_like(stacked).index_copy_(0, where, stacked)
 
 
-def reference_shares_actor(config: RuntimeConfig, ranks: dict[str, list[int]]) -> bool:
-    """A LoRA actor's reference is the actor with its adapters off: no second copy of the base,
-    where the reference runs on the actor's ranks and names no model of its own."""
-    ref = config.roles.reference
-    return (config.model.lora is not None and ref is not None and ref.model is None
-            and ranks.get("reference") == ranks.get("actor"))
-
-
-def plan_rl_memory(config: RuntimeConfig, ctx: DistContext, here: set[str], with_critic: bool, actor_rows: int,
-                   prompt_width: int | None) -> MemoryPlan | None:
-    """This GPU's memory plan for the RL roles it holds (None on a CPU); DoesNotFit (exit 3) when
-    they cannot fit, before any weight is loaded. `actor_rows`: the rows this GPU's actor
-    generates per step (0 without the actor)."""
-    roles, t = config.roles, config.training
-    held = []
-    if "actor" in here:
-        held.append(held_model("actor", config.model, shards_of(ctx, "actor"), True, t.trainable_modules))
-    if with_critic and "critic" in here:
-        critic = (roles.critic.model or config.model).model_copy(update={"lora": None})  # trained in full
-        held.append(held_model("critic", critic, shards_of(ctx, "critic"), True))
-    if t.kl > 0 and "reference" in here and not reference_shares_actor(config, config.device_map or {}):
-        held.append(held_model("reference", roles.reference.model or config.model, shards_of(ctx, "reference"),
-                               False))
-    if roles.reward is not None and roles.reward.model is not None and "reward" in here:
-        held.append(held_model("reward", roles.reward.model, 1, False))
-    if not held:
-        return None
-    return plan_memory(config, ctx, held, actor_rows, prompt_width or 0)

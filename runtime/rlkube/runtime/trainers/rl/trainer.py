@@ -57,10 +57,10 @@ from rlkube.runtime.infra.gpu_busy import JobBusy
 from rlkube.runtime.infra.log import log, warn_once
 from rlkube.runtime.trainers.base import StepReport, Trainer, TrainerHooks, TrainResult, run_trainer
 from rlkube.runtime.trainers.batching import Measurement
-from rlkube.runtime.trainers.plan_request import staging_of
+from rlkube.runtime.trainers.plan_request import plan_rl_memory, reference_shares_actor, staging_of
 from rlkube.runtime.trainers.record import StepRecord
 from rlkube.runtime.trainers.rl.actor import ActorWorker
-from rlkube.runtime.trainers.rl.budgets import RLBudgets, plan_rl_memory, reference_shares_actor
+from rlkube.runtime.trainers.rl.budgets import RLBudgets
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups

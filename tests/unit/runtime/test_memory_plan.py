@@ -118,6 +118,8 @@ def test_a_snapshot_that_would_take_half_the_room_stages_on_the_host():
     tight = make_plan(request([actor], capacity=30 * GIB, row_tokens=1024))
     assert roomy.snapshot_on_device and roomy.terms["checkpointSnapshot"] == 3 * 1_540_000_000 * 2
     assert not tight.snapshot_on_device and "checkpointSnapshot" not in tight.terms and tight.notes
+    # a batcher may grow from later peaks only where no snapshot's room is kept free in them
+    assert not roomy.grows_from_peaks and tight.grows_from_peaks
 
 
 def test_what_cannot_fit_names_the_terms_and_what_would():

@@ -30,7 +30,8 @@ def budgets(**kw):
 
 def plan(left=40 << 30, resident=10 << 30, train_tokens=8000, forward_tokens=10**9, decode_rows=0):
     return SimpleNamespace(left=left, resident=resident, train_tokens=train_tokens, decode_rows=decode_rows,
-                           forward_ratio=10.0, train_bytes_per_token=4 << 20, forward_tokens=forward_tokens)
+                           forward_ratio=10.0, train_bytes_per_token=4 << 20, forward_tokens=forward_tokens,
+                           grows_from_peaks=False)
 
 
 def test_calibration_grows_the_budget_to_what_a_token_measurably_costs():

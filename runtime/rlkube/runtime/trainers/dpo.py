@@ -222,12 +222,9 @@ class DPOTrainer(Trainer):
             )
         if (self.attention == "sdpa" and not packing) or self.rows_per_sequence:
             avoid_cudnn_sdpa(ctx.device)  # row shapes change every micro-batch
-        # Growth from later peaks would eat the room the plan keeps for the checkpoint's device snapshot
-        # (most steps' peaks do not show it): with the snapshot counted, the budget grows only at the
-        # first step's calibration, as an RL budget does.
         self.batcher = AdaptiveBatcher(config.batching, packed=packing and not self.rows_per_sequence, min_budget=1,
                                        budget=self.plan.train_tokens if self.plan is not None else None,
-                                       grow=self.plan is None or not self.plan.snapshot_on_device)
+                                       grow=self.plan is None or self.plan.grows_from_peaks)
         self._agree_budget()
         vocab = lm.get_input_embeddings().weight.shape[0]
         if vocab < self.tokenizer.vocab_size:

@@ -72,12 +72,9 @@ class RLBudgets:
         self.memo = memo
         self.planned = plan is not None
         self.trains = plan is not None and bool(plan.train_tokens)  # the plan sized a training budget here
-        # With a plan the budget grows once, from the first step's measurement (calibrate), not from
-        # later peaks: those do not show the checkpoint snapshot's room, which the plan keeps free
-        # (grown into, a 1.5B PPO reached 93% of an H100 in the steps after a save).
         self.batcher = AdaptiveBatcher(spec, packed=False, min_budget=1,
                                        budget=plan.train_tokens if plan is not None and plan.train_tokens else None,
-                                       grow=plan is None)
+                                       grow=plan is None or plan.grows_from_peaks)
         self.forward_ratio = plan.forward_ratio if plan is not None else 1.0
         if plan is not None and not plan.train_tokens:  # trains nothing here (a reference of its own)
             self.forward_ratio = plan.forward_tokens / self.batcher.budget

@@ -37,7 +37,8 @@ def test_progress_and_metrics_while_training(tmp_path):
         assert set(seen) == {"phase", "step", "totalSteps", "tokensPerSecond", "mfu", "gpuUtilization",
                              "loss", "rewardMean", "attempt", "gpuBusyPhases", "phaseSeconds", "startupSeconds",
                              "outputs", "evalStep", "evalLoss", "evalAccuracy", "evalMargin", "evalRewardMean",
-                             "stepSeconds", "memoryPlan"}
+                             "stepSeconds", "memoryPlan", "summary"}
+        assert seen["summary"] is None  # the run's summary comes once it has succeeded
         assert seen["stepSeconds"] > 0  # the latest step's time, which status.progress's ETA uses
         assert seen["outputs"] is None  # no export before the last step (export.everySteps unset)
         assert seen["memoryPlan"] is None  # a CPU has no card to plan for

@@ -170,6 +170,49 @@ class OutputsStatus(Status):
     )
 
 
+class SummaryStatus(Status):
+    """The run's summary, as rank 0 reported it once the run succeeded and its last checkpoint was
+    committed (the trainer's `"event": "summary"` log line has the same figures)."""
+
+    steps: int | None = Field(default=None, ge=0, description="Optimizer steps the last attempt computed.")
+    first_step: int | None = Field(default=None, ge=0, description="The first of them (1-based).")
+    last_step: int | None = Field(default=None, ge=0, description="The last of them: the steps the model has.")
+    tokens: int | None = Field(default=None, ge=0, description="Real (non-pad) tokens trained on in those steps.")
+    gpus: int | None = Field(default=None, ge=0, le=MAX_TOTAL_GPUS, description="GPUs (trainer processes) of the run.")
+    wall_seconds: float | None = Field(
+        default=None, ge=0, description="Wall seconds from rank 0's process start to the summary."
+    )
+    startup_seconds: float | None = Field(
+        default=None, ge=0, description="Of those, the start-up: process start to the end of the first step."
+    )
+    training_seconds: float | None = Field(
+        default=None, ge=0, description="Training time: the start of training to the end of the last step "
+        "(checkpoint stalls and evaluations count)."
+    )
+    tokens_per_second_per_gpu: float | None = Field(
+        default=None, ge=0, description="tokens / trainingSeconds / gpus."
+    )
+    gpu_busy_mean: float | None = Field(
+        default=None, ge=0, description="Mean over steps of the least busy GPU's busy fraction, 0 to 1 "
+        "(unset on CPUs)."
+    )
+    peak_memory_fraction: float | None = Field(
+        default=None, ge=0, description="The largest fraction of a GPU's memory any step held (unset on CPUs)."
+    )
+    peak_memory_gib: float | None = Field(
+        default=None, ge=0, alias="peakMemoryGiB", description="peakMemoryFraction in GiB of the card."
+    )
+    checkpoint: str | None = Field(
+        default=None, max_length=MAX_PATH_LEN, description="The newest committed checkpoint, in the trainer's pods."
+    )
+    model: str | None = Field(
+        default=None, max_length=MAX_PATH_LEN, description="The exported model's directory (status.outputs.model)."
+    )
+    adapter: str | None = Field(
+        default=None, max_length=MAX_PATH_LEN, description="A LoRA run's exported adapter (status.outputs.adapter)."
+    )
+
+
 class RLTrainingJobStatus(Status):
     """Observed state of the job, written by the operator."""
 
@@ -197,6 +240,10 @@ class RLTrainingJobStatus(Status):
     progress: ProgressStatus | None = Field(default=None, description="Training progress.")
     outputs: OutputsStatus | None = Field(
         default=None, description="What the run exported (the trained model's directory and step)."
+    )
+    summary: SummaryStatus | None = Field(
+        default=None, description="The run's summary once it succeeded: steps, tokens, wall and training "
+        "time, tokens per second per GPU, GPU busy, peak memory, the last checkpoint and the export."
     )
     restarts: int = Field(
         default=0, ge=0, description="Gang restarts so far after retriable failures (counted against "

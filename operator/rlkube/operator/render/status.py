@@ -5,7 +5,8 @@ shape of `rlkube.operator.api.RLTrainingJobStatus`). The lifecycle decision (`li
 chooses the phase, the attempt and the placement; this module derives what follows from them and
 from the observed pods: conditions in the built-in controllers' shape (lastTransitionTime kept
 while a condition's status does not change), observedGeneration, per-role readiness, the
-placement as status, progress, outputs (the model the run exported), restarts.
+placement as status, progress, outputs (the model the run exported), the run's summary once it
+succeeded, restarts.
 
 Three fields exist so that a restarted operator continues where the last one stopped, declared
 in the API like the others: `attempt` (gang generation: label rlkube.io/attempt, RLKUBE_ATTEMPT),
@@ -33,6 +34,11 @@ from rlkube.runtime.contract.progress import (
     OUTPUTS,
     PROGRESS_FIELDS,
     STATUS_OUTPUTS,
+    STATUS_SUMMARY,
+    SUMMARY,
+    SUMMARY_COUNTS,
+    SUMMARY_NUMBERS,
+    SUMMARY_PATHS,
 )
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -249,6 +255,35 @@ def kept_outputs(progress: Mapping[str, Any] | None, old: Mapping[str, Any]) -> 
     return dict(outputs or old.get(STATUS_OUTPUTS) or {}) or None
 
 
+def summary_status(report: Mapping[str, Any]) -> dict | None:
+    """status.summary from a /progress report's summary: its counts (non-negative integers), figures
+    (finite, non-negative numbers) and paths (at most MAX_PATH_LEN characters), each left out where
+    it is not one; None when the report has no summary."""
+    summary = report.get(SUMMARY)
+    if not isinstance(summary, Mapping):
+        return None
+    out: dict[str, Any] = {}
+    for key in SUMMARY_COUNTS:
+        value = summary.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[key] = value
+    for key in SUMMARY_NUMBERS:
+        value = summary.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+            out[key] = round(value, 4)
+    for key in SUMMARY_PATHS:
+        value = summary.get(key)
+        if isinstance(value, str) and value and len(value) <= MAX_PATH_LEN:
+            out[key] = value
+    return out or None
+
+
+def kept_summary(progress: Mapping[str, Any] | None, old: Mapping[str, Any]) -> dict | None:
+    """status.summary from a fresh report, else the last one."""
+    summary = summary_status(progress) if progress is not None else None
+    return summary or (dict(old[STATUS_SUMMARY]) if old.get(STATUS_SUMMARY) else None)
+
+
 def memory_plan_message(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """The message of a MemoryPlan Event when status.progress.memoryPlan changed from `old` to `new`
     (whole statuses): a new plan, made by a (re)started trainer; else None."""
@@ -340,9 +375,9 @@ def summarize(
         status["progress"] = progress_status(progress, now, status.get("gpus"))
     elif old.get("progress"):
         status["progress"] = dict(old["progress"])
-    if outputs := kept_outputs(progress, old):
-        status[STATUS_OUTPUTS] = outputs
     for key, value in (
+        (STATUS_OUTPUTS, kept_outputs(progress, old)),
+        (STATUS_SUMMARY, kept_summary(progress, old)),
         ("startTime", lifecycle.start_time),
         ("completionTime", lifecycle.completion_time),
         ("nextAttemptTime", lifecycle.next_attempt_time),
@@ -364,7 +399,7 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict | None:
     """
     owned = {
         "phase", "conditions", "observedGeneration", "restarts", "attempt", "gpus", "roles",
-        "placement", "progress", "outputs", "startTime", "completionTime", "nextAttemptTime", "admissionTime",
+        "placement", "progress", "outputs", STATUS_SUMMARY, "startTime", "completionTime", "nextAttemptTime", "admissionTime",
         STATUS_CHECKPOINT_NODES,
     }
     patch: dict[str, Any] = {}

@@ -3,7 +3,8 @@
 The runtime serves the report (infra/progress.py) on pod.PROGRESS_PORT at pod.PROGRESS_PATH, and
 writes its last one as the container's termination message `{"progress": {...}}` when training
 ends. The operator polls it (progress_client.py) or reads that message, and copies the fields of
-`STATUS_PROGRESS` into `status.progress` (status.py; status_types.ProgressStatus is the schema).
+`STATUS_PROGRESS` into `status.progress` (status.py; status_types.ProgressStatus is the schema);
+the exported model and the run's summary go to `status.outputs` and `status.summary`.
 Fields mapped to None are reported for people and logs only: the trainer's own stage (`phase`;
 the job's phase is the operator's), the restart attempt it runs as (`status.attempt` is the
 operator's), and the breakdowns behind `gpuUtilization` (per-phase busy and seconds, the start-up
@@ -36,6 +37,7 @@ EVAL_LOSS = "evalLoss"                 # DPO/KTO: the training loss on the eval 
 EVAL_ACCURACY = "evalAccuracy"         # DPO/KTO: implicit-reward accuracy on the eval samples, 0..1
 EVAL_MARGIN = "evalMargin"             # DPO/KTO: mean implicit-reward margin (chosen - rejected)
 EVAL_REWARD_MEAN = "evalRewardMean"    # PPO/GRPO: mean reward of greedy completions (DPO/KTO: chosen reward)
+SUMMARY = "summary"                    # {SUMMARY_FIELDS}: the run's summary, once it succeeded (trainers/summary.py)
 
 # The trainer's stages, the values of PHASE.
 PHASE_STARTING = "starting"
@@ -65,6 +67,7 @@ STATUS_PROGRESS: dict[str, str | None] = {
     EVAL_REWARD_MEAN: "evalRewardMean",
     OUTPUTS: None,  # not status.progress: copied whole into status.outputs (STATUS_OUTPUTS)
     MEMORY_PLAN: "memoryPlan",  # the operator also posts it as a MemoryPlan Event when it changes
+    SUMMARY: None,  # not status.progress: copied into status.summary (STATUS_SUMMARY)
 }
 REPORT_FIELDS: tuple[str, ...] = tuple(STATUS_PROGRESS)
 # The fields the operator reads from a report: the trainer's phase and those it copies.
@@ -78,6 +81,17 @@ OUTPUT_MODEL = "model"
 OUTPUT_ADAPTER = "adapter"  # a LoRA run's adapter (PEFT's format), for PeftModel.from_pretrained(base, path)
 OUTPUT_PATH = "path"
 OUTPUT_STEP = "step"
+
+# The run's summary (trainers/summary.py: the summary event less its "event" and "load" lines), as a
+# report carries it and the operator copies it into the job's status field of that name (status.py
+# summary_status; status_types.SummaryStatus). Counts are integers, paths strings, the rest numbers;
+# any may be null (not measured, or nothing of its kind: no export, no step).
+STATUS_SUMMARY = "summary"
+SUMMARY_COUNTS = ("steps", "firstStep", "lastStep", "tokens", "gpus")
+SUMMARY_NUMBERS = ("wallSeconds", "startupSeconds", "trainingSeconds", "tokensPerSecondPerGpu", "gpuBusyMean",
+                   "peakMemoryFraction", "peakMemoryGiB")
+SUMMARY_PATHS = ("checkpoint", "model", "adapter")
+SUMMARY_FIELDS: tuple[str, ...] = SUMMARY_COUNTS + SUMMARY_NUMBERS + SUMMARY_PATHS
 
 # The termination message: the kubelet copies this file into the pod's status, where the operator
 # finds the last report even when the run ended between two polls.

@@ -37,6 +37,11 @@ from rlkube.runtime.contract.progress import (
 )
 
 FIELDS = report.REPORT_FIELDS
+# What a termination message over the kubelet's limit leaves out, in this order: the breakdowns
+# the operator does not copy, then the memory plan, then the summary (its figures are in the
+# trainer's log too).
+TRIMMED_FIRST = (report.GPU_BUSY_PHASES, report.PHASE_SECONDS, report.STARTUP_SECONDS, report.MEMORY_PLAN,
+                 report.SUMMARY)
 # Where a test (or a run outside Kubernetes) has the termination message written instead.
 ENV_TERMINATION_LOG = "RLKUBE_TERMINATION_LOG"
 
@@ -155,7 +160,12 @@ def write_termination_message(progress: Progress, path: str | None = None) -> bo
     # A non-finite loss (the run that failed for it) is no JSON number: it is left out.
     last = {k: v for k, v in progress.snapshot().items() if not (isinstance(v, float) and not math.isfinite(v))}
     body = json.dumps({TERMINATION_MESSAGE_KEY: last}, separators=(",", ":"), default=str)
-    if len(body) > TERMINATION_LOG_MAX_BYTES:  # cannot happen with FIELDS, but never write a cut JSON
+    for key in TRIMMED_FIRST:  # long paths can make it too long: drop what the status needs least
+        if len(body.encode()) <= TERMINATION_LOG_MAX_BYTES:
+            break
+        last.pop(key, None)
+        body = json.dumps({TERMINATION_MESSAGE_KEY: last}, separators=(",", ":"), default=str)
+    if len(body.encode()) > TERMINATION_LOG_MAX_BYTES:  # never write a cut JSON
         return False
     try:
         with open(path, "w") as f:

@@ -14,11 +14,14 @@
 - What rank 0 prints (`RunConsole`): JSON lines (the start event, every step's log line, then the
   summary event), or on a terminal the progress view (trainers/progress_view.py) and the
   summary in words (trainers/summary.py); infra/terminal.log_format decides.
+- The summary of a run that succeeded also joins the last report (/progress `summary`) and is
+  left in the termination message again, so the operator copies it into `status.summary`.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from rlkube.runtime.contract import progress as report
 from rlkube.runtime.contract.config import RuntimeConfig
@@ -36,7 +39,7 @@ from rlkube.runtime.infra.progress import (
 from rlkube.runtime.infra.terminal import log_format
 from rlkube.runtime.trainers.progress_view import ProgressView
 from rlkube.runtime.trainers.record import StepRecord
-from rlkube.runtime.trainers.summary import RunTally, summary_lines
+from rlkube.runtime.trainers.summary import RunTally, status_summary, summary_lines
 
 
 def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | None) -> ProgressServer | None:
@@ -58,7 +61,8 @@ class RunConsole:
     """What rank 0 prints of a run on stdout (other ranks print nothing): in the JSON format a line
     per event; in the text format the progress view, with the other events in words above it. A
     context manager, entered before the loop's checkpointer is: on the way out of a run that
-    succeeded, its last checkpoint is committed, and the summary follows (summary.py)."""
+    succeeded, its last checkpoint is committed, and the summary follows (summary.py), to stdout
+    and `on_summary`."""
 
     def __init__(self, cfg: RuntimeConfig, ctx: DistContext, memory_total: int | None = None) -> None:
         self.cfg, self.device = cfg, ctx.device.type
@@ -67,6 +71,7 @@ class RunConsole:
         self.text = ctx.is_main and log_format() == "text"
         self.view: ProgressView | None = None
         self.succeeded = False
+        self.on_summary: Callable[[dict], None] | None = None  # ProgressReport's: the summary in the last report
 
     def __enter__(self) -> RunConsole:
         if self.text:
@@ -107,6 +112,8 @@ class RunConsole:
             else:
                 sys.stdout.write("\n".join(summary_lines(summary, self.device)) + "\n")
                 sys.stdout.flush()
+            if self.on_summary is not None:
+                self.on_summary(summary)
 
 
 class ProgressReport:
@@ -119,6 +126,8 @@ class ProgressReport:
         self.progress = Progress(cfg.training.steps, gpus=ctx.world_size) if ctx.is_main else None
         self.gauges = BusyGauges(self.progress.registry, ctx.role_ranks) if self.progress is not None else None
         self.server = serve_progress(cfg, ctx, self.progress)
+        if self.progress is not None:
+            console.on_summary = self.summarized
 
     def __enter__(self) -> ProgressReport:
         return self
@@ -153,6 +162,12 @@ class ProgressReport:
         self.console.succeeded = True
         if self.progress is not None:
             self.progress.update(phase=report.PHASE_SUCCEEDED)
+
+    def summarized(self, summary: dict) -> None:
+        """The run's summary (rank 0, once its last checkpoint is committed: after `__exit__`) into
+        the last report, left again as the termination message."""
+        self.progress.update(**{report.SUMMARY: status_summary(summary)})
+        write_termination_message(self.progress)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:

@@ -6,7 +6,8 @@ the process started and its start-up share, tokens per second per GPU over the t
 (from the start event to the end of the last step, so checkpoint stalls and evaluations count),
 the mean over steps of the least busy GPU's busy fraction, the peak memory fraction (the largest
 any step had) and what it is in GiB of the card, the newest committed checkpoint, the exported
-model and adapter, and the two Python lines that load the exported model.
+model and adapter, and the two Python lines that load the exported model. The same figures and
+paths (`status_summary`) end up in the job's status.summary.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ class RunTally:
             "checkpoint": checkpoint, "model": model, "adapter": adapter,
             "load": load_lines(model) if model else None,
         }
+
+
+def status_summary(s: dict) -> dict:
+    """The summary event as a report carries it (contract/progress.py SUMMARY_FIELDS): the figures
+    and paths, without the event's name and the Python lines that load the model."""
+    return {key: s.get(key) for key in report.SUMMARY_FIELDS}
 
 
 def summary_lines(s: dict, device: str) -> list[str]:

@@ -8,7 +8,7 @@ Dockerfiles bind-mount `build/image-wheels/<image>/` (git-ignored), which this s
 
 What goes in:
 - rlkube's own wheel, built from this checkout;
-- its dependencies for the image's extra (`operator` or `runtime`), at exactly the versions
+- its dependencies for the image's extras (`operator`, or `runtime` and `tracking`), at exactly the versions
   installed in the Python running this script (the project's tested .venv), so an image never
   runs a version the tests did not. They come from the wheel cache ($RLKUBE_CACHE/wheels,
   default ~/.cache/rlkube/wheels; RLKUBE_WHEELS to override); what is missing there is
@@ -42,8 +42,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
-# image -> the rlkube extra it installs
-EXTRAS = {"operator": "operator", "runtime-cpu": "runtime"}
+# image -> the rlkube extras it installs
+EXTRAS = {"operator": "operator", "runtime-cpu": "runtime,tracking"}
 # rlkube's build backend, needed to build its wheel offline (pyproject.toml [build-system]).
 BUILD_REQUIREMENTS = ("setuptools>=69", "wheel")
 SOURCES = ("pyproject.toml", "README.md", "operator", "runtime")

@@ -68,9 +68,12 @@ def run(config: RuntimeConfig, **kwargs):
     """Train `config` in this process (one rank) with its algorithm's trainer module
     (contract/algorithms.py, imported only now: torch and transformers load with it, so `validate`
     and `doctor` stay fast); the algorithm's result."""
-    # Before torch loads: an unknown model type or a model directory without config.json is the
-    # user's mistake (exit 3 naming the field), not a crash to retry.
-    problems = model_problems(config)
+    # Before torch loads: an unknown model type, a model directory without config.json or a
+    # tracker whose package is missing is the user's mistake (exit 3 naming the field), not a
+    # crash to retry.
+    from rlkube.runtime.trainers.trackers import tracker_problems
+
+    problems = model_problems(config) + tracker_problems(config)
     if problems:
         raise ConfigError("\n".join(problems))
     return importlib.import_module(ALGORITHMS[config.algorithm].trainer).train(config, **kwargs)

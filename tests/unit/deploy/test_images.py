@@ -70,7 +70,7 @@ def test_build_context_knows_each_cpu_image_and_its_extra():
     spec = importlib.util.spec_from_file_location("build_context", IMAGES / "build_context.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.EXTRAS == {"operator": "operator", "runtime-cpu": "runtime"}
+    assert module.EXTRAS == {"operator": "operator", "runtime-cpu": "runtime,tracking"}
     for name in module.EXTRAS:
         assert module.wheels_dir(name) == REPO / "build" / "image-wheels" / name
 
@@ -78,7 +78,7 @@ def test_build_context_knows_each_cpu_image_and_its_extra():
 def test_gpu_runtime_image_installs_flash_attn_and_the_gpu_extra():
     runs = " ".join(rest for word, rest in _instructions("runtime") if word == "RUN")
     assert "flash-attn" in runs
-    assert "[runtime,gpu]" in runs
+    assert "[runtime,gpu,tracking]" in runs
     base = next(rest for word, rest in _instructions("runtime") if word == "ARG" and rest.startswith("BASE_IMAGE="))
     assert "cuda" in base
 

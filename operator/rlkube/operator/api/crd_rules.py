@@ -23,6 +23,7 @@ from rlkube.runtime.contract.sections import (
     EVAL_SOURCE,
     MICRO_BATCH_BOUNDS,
     MODEL_SOURCE,
+    REPORT_TO_RULES,
     ROLE_SOURCE,
     ROLES_RULES,
 )
@@ -73,6 +74,7 @@ MODEL_RULES: dict[str, list[dict]] = {
     "RoleSpec": crd_entries(ROLE_SOURCE),
     "RolesSpec": crd_entries(ROLES_RULES),
     "BatchingSpec": crd_entries(MICRO_BATCH_BOUNDS),
+    "TrainingSpec": crd_entries(REPORT_TO_RULES),
     "DataSpec": [*crd_entries(EVAL_SOURCE), *paths.DATA_PATH_CEL],
     "ElasticSpec": crd_entries(ELASTIC),
     "VolumeSpec": volume_cel(),

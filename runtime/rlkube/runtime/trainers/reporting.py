@@ -13,7 +13,9 @@
   the loop; of an export, the model's path (docs/metrics.md).
 - What rank 0 prints (`RunConsole`): JSON lines (the start event, every step's log line, then the
   summary event), or on a terminal the progress view (trainers/progress_view.py) and the
-  summary in words (trainers/summary.py); infra/terminal.log_format decides.
+  summary in words (trainers/summary.py); infra/terminal.log_format decides. The experiment
+  trackers of training.reportTo (trainers/trackers.py) get the same: the config at the start,
+  each step's numbers, the summary.
 - The summary of a run that succeeded also joins the last report (/progress `summary`) and is
   left in the termination message again, so the operator copies it into `status.summary`.
 """
@@ -40,6 +42,7 @@ from rlkube.runtime.infra.terminal import log_format
 from rlkube.runtime.trainers.progress_view import ProgressView
 from rlkube.runtime.trainers.record import StepRecord
 from rlkube.runtime.trainers.summary import RunTally, status_summary, summary_lines
+from rlkube.runtime.trainers.trackers import Trackers, run_config
 
 
 def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | None) -> ProgressServer | None:
@@ -59,14 +62,15 @@ def serve_progress(cfg: RuntimeConfig, ctx: DistContext, progress: Progress | No
 
 class RunConsole:
     """What rank 0 prints of a run on stdout (other ranks print nothing): in the JSON format a line
-    per event; in the text format the progress view, with the other events in words above it. A
-    context manager, entered before the loop's checkpointer is: on the way out of a run that
-    succeeded, its last checkpoint is committed, and the summary follows (summary.py), to stdout
-    and `on_summary`."""
+    per event; in the text format the progress view, with the other events in words above it; and
+    what it hands the experiment trackers. A context manager, entered before the loop's
+    checkpointer is: on the way out of a run that succeeded, its last checkpoint is committed, and
+    the summary follows (summary.py), to stdout, the trackers and `on_summary`."""
 
     def __init__(self, cfg: RuntimeConfig, ctx: DistContext, memory_total: int | None = None) -> None:
         self.cfg, self.device = cfg, ctx.device.type
         self.is_main = ctx.is_main
+        self.trackers = Trackers(cfg, ctx.is_main)  # first: a tracker's missing package stops the run here
         self.tally = RunTally(ctx.world_size, memory_total) if ctx.is_main else None
         self.text = ctx.is_main and log_format() == "text"
         self.view: ProgressView | None = None
@@ -81,9 +85,11 @@ class RunConsole:
 
     def started(self, event: dict) -> None:
         self._show(event, lambda tally: tally.started(event), lambda view: view.started(event))
+        self.trackers.started(run_config(self.cfg))
 
     def step(self, rec: StepRecord) -> None:
         self._show(rec.log_line(), lambda tally: tally.add(rec), lambda view: view.step(rec))
+        self.trackers.step_done(rec)
 
     def _show(self, line: dict, count, draw) -> None:
         """Count a record in the summary's tally (rank 0), then draw it in the view or print its JSON line."""
@@ -99,21 +105,26 @@ class RunConsole:
             self.tally.exported(fields)
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        summary = None
         try:
-            if self.view is not None:
-                self.view.close()  # the last step's lines stay; a traceback starts on a line of its own
+            try:
+                if self.view is not None:
+                    self.view.close()  # the last step's lines stay; a traceback starts on a line of its own
+            finally:
+                route_events(None)
+            if exc_type is None and self.succeeded and self.tally is not None:
+                found = latest(self.cfg.checkpoint.dir)
+                summary = self.tally.summary(str(found[1]) if found else None)
+                if self.view is None:
+                    emit(summary)
+                else:
+                    sys.stdout.write("\n".join(summary_lines(summary, self.device)) + "\n")
+                    sys.stdout.flush()
+                if self.on_summary is not None:
+                    self.on_summary(summary)
         finally:
-            route_events(None)
-        if exc_type is None and self.succeeded and self.tally is not None:
-            found = latest(self.cfg.checkpoint.dir)
-            summary = self.tally.summary(str(found[1]) if found else None)
-            if self.view is None:
-                emit(summary)
-            else:
-                sys.stdout.write("\n".join(summary_lines(summary, self.device)) + "\n")
-                sys.stdout.flush()
-            if self.on_summary is not None:
-                self.on_summary(summary)
+            # A run that did not succeed closes its trackers as failed.
+            self.trackers.finish(status_summary(summary) if summary is not None else None)
 
 
 class ProgressReport:

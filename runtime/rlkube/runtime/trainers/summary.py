@@ -7,7 +7,7 @@ the process started and its start-up share, tokens per second per GPU over the t
 the mean over steps of the least busy GPU's busy fraction, the peak memory fraction (the largest
 any step had) and what it is in GiB of the card, the newest committed checkpoint, the exported
 model and adapter, and the two Python lines that load the exported model. The same figures and
-paths (`status_summary`) end up in the job's status.summary.
+paths (`status_summary`) end up in the job's status.summary and in the experiment trackers.
 """
 
 from __future__ import annotations

@@ -1,18 +1,34 @@
-"""`training`: the optimizer and each algorithm's knobs (DPO, PPO/GRPO, KTO). What an algorithm
-cannot honour is a rule across sections (`contract.algorithm_settings`).
+"""`training`: the optimizer, each algorithm's knobs (DPO, PPO/GRPO, KTO) and the experiment
+trackers the run reports to (`reportTo`, with its own rule). What an algorithm cannot honour is a
+rule across sections (`contract.algorithm_settings`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from rlkube.runtime.contract.spec import MAX_NAME_LEN, Spec
+from rlkube.runtime.contract.rule import Rule, when
+from rlkube.runtime.contract.spec import MAX_NAME_LEN, Spec, repeated
+
+# The experiment trackers a run can report to, by the names TRL's `report_to` gives them
+# (trainers/trackers.py writes each); "none" alone is the same as no tracker.
+TrackerName = Literal["tensorboard", "mlflow", "wandb", "none"]
+TRACKER_NAMES: tuple[str, ...] = TrackerName.__args__  # type: ignore[attr-defined]
+
+REPORT_TO_RULES = (
+    Rule("reportTo: 'none' turns the trackers off and cannot be listed with one",
+         "!has(self.reportTo) || self.reportTo.size() <= 1 || !('none' in self.reportTo)",
+         lambda t: when(len(t.report_to) > 1 and "none" in t.report_to, f", got {t.report_to}"),
+         ".reportTo"),
+)
 
 
 class TrainingSpec(Spec):
-    """Optimizer and algorithm settings."""
+    """Optimizer and algorithm settings, and the experiment trackers the run reports to."""
+
+    RULES = REPORT_TO_RULES
 
     steps: int = Field(default=100, ge=1, le=100_000_000, description="Optimizer steps to run.")
     lr: float = Field(default=1e-5, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
@@ -91,3 +107,25 @@ class TrainingSpec(Spec):
         description="KTO: weight of the loss of undesirable completions (lambda_U); with unbalanced data "
         "the KTO paper keeps lambda_D * desirable / (lambda_U * undesirable) in [1, 4/3].",
     )
+    # Experiment trackers
+    report_to: list[TrackerName] = Field(
+        default_factory=list, max_length=len(TRACKER_NAMES),
+        description="Experiment trackers rank 0 reports to, as TRL's report_to names them: tensorboard "
+        "(event files in <outputDir>/tensorboard), mlflow (MLFLOW_TRACKING_URI, else the SQLite store "
+        "<outputDir>/mlflow/mlflow.db), wandb (online with WANDB_API_KEY, else offline runs in "
+        "<outputDir>/wandb). Each gets every number of every step at its step, the config once and the "
+        "run's summary at the end; the packages come with pip install 'rlkube[tracking]'. Empty or "
+        "['none']: no tracker.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _each_tracker_once(cls, names: list[str]) -> list[str]:
+        if twice := repeated(names):
+            raise ValueError(f"must not repeat a tracker ({', '.join(twice)})")
+        return names
+
+    def trackers(self) -> list[str]:
+        """The trackers to report to, in the order given ([] for none)."""
+        return [name for name in self.report_to if name != "none"]

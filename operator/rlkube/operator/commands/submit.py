@@ -144,13 +144,16 @@ def follow_job(kube: Any, ns: str, name: str, timeout: float, logs: bool, printe
     try:
         while True:
             lines, code = follower.observe(kube.get_job(ns, name))
+            if code is None:
+                for line in lines:
+                    printer.job_line(line)
             if logs:
                 stream = _rank0_log(kube, ns, stream, printer)
-            if code is not None and stream is not None:
-                stream.join(LOG_DRAIN_SECONDS)  # rank 0's last words before the verdict
-            for line in lines:
-                printer.job_line(line)
             if code is not None:
+                if stream is not None:
+                    stream.join(LOG_DRAIN_SECONDS)  # rank 0's last words before the verdict
+                for line in lines:
+                    printer.job_line(line)
                 return code
             if clock() >= deadline:
                 printer.job_line(f"stopped following after --timeout {timeout:.0f}s; {again}")

@@ -4,8 +4,10 @@ One config file serves many runs that differ in a path or two (the model directo
 file, where the export goes) or in what a CPU can do (dtype, steps). FIELD is the dotted path of
 the field as the YAML file spells it (`model.path`, `data.source`, `training.steps`); VALUE is
 read as a YAML scalar or flow collection (`5`, `1.0e-3`, `true`, `[a, b]`, `{gpus: 1}`), numbers in
-scientific notation included, as kubectl reads them. The result is validated like the file
-itself, so a wrong field or value is named the same way.
+scientific notation included, as kubectl reads them. YAML 1.1's other booleans (on, off, yes, no)
+stay words: `--set model.compile=off` means the setting 'off', and a boolean field still reads
+'off' as false. The result is validated like the file itself, so a wrong field or value is named
+the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import yaml
 from rlkube.runtime.infra.errors import ConfigError
 
 _SCIENTIFIC = re.compile(r"^[-+]?([0-9][0-9_]*)?\.?[0-9]+[eE][-+]?[0-9]+$")
+_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 reads these as booleans
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -28,6 +31,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     field = field.strip()
     if not sep or not _FIELD.match(field):
         raise ConfigError(f"--set {text!r}: expected FIELD=VALUE with FIELD a dotted path such as model.path")
+    if raw.strip().lower() in _WORDS:
+        return field.split("."), raw.strip()
     if _SCIENTIFIC.match(raw.strip()):
         return field.split("."), float(raw)
     try:

@@ -17,7 +17,10 @@ from typing import Any
 from rlkube.operator import api
 from rlkube.operator.api.observed import TRAINER_CONTAINER
 
-REQUEST_TIMEOUT_S = 30.0  # any one request; a followed log has only a connect timeout
+REQUEST_TIMEOUT_S = 30.0  # any one request; a followed log: to connect
+# A followed log may be silent for long (a checkpoint, an evaluation); the client takes no
+# unbounded read, so a day, the longest the commands follow by default.
+FOLLOW_READ_TIMEOUT_S = 86400.0
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -88,7 +91,7 @@ class Kube:
 
     def pod_log(self, namespace: str, pod: str, follow: bool) -> Iterator[str]:
         """The trainer container's log, line by line; with `follow`, until the container ends."""
-        timeout = (REQUEST_TIMEOUT_S, None) if follow else REQUEST_TIMEOUT_S
+        timeout = (REQUEST_TIMEOUT_S, FOLLOW_READ_TIMEOUT_S) if follow else REQUEST_TIMEOUT_S
         response = self._call(f"logs {pod}", self._core.read_namespaced_pod_log, pod, namespace,
                               container=TRAINER_CONTAINER, follow=follow, _preload_content=False,
                               _request_timeout=timeout)

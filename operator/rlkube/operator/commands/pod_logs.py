@@ -90,6 +90,7 @@ class LogStream:
     def __init__(self, lines: Callable[[], Any], emit: Callable[[str], None], uid: str) -> None:
         self.uid = uid
         self.error: str | None = None
+        self.error_shown = False
         self._lines, self._emit = lines, emit
         self._thread = threading.Thread(target=self._run, name=f"log-{uid}", daemon=True)
         self._thread.start()

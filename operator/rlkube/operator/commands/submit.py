@@ -152,6 +152,7 @@ def follow_job(kube: Any, ns: str, name: str, timeout: float, logs: bool, printe
             if code is not None:
                 if stream is not None:
                     stream.join(LOG_DRAIN_SECONDS)  # rank 0's last words before the verdict
+                    _log_error(stream, printer)
                 for line in lines:
                     printer.job_line(line)
                 return code
@@ -170,6 +171,8 @@ def follow_job(kube: Any, ns: str, name: str, timeout: float, logs: bool, printe
 def _rank0_log(kube: Any, ns: str, stream: LogStream | None, printer: Printer) -> LogStream | None:
     """The stream of rank 0's log: a new one when its pod is new (a restart attempt) and its
     trainer has started, else `stream` as it is."""
+    if stream is not None and stream.done():
+        _log_error(stream, printer)
     job = printer.job
     pods = [p for p in kube.list_pods(ns, rank0_selector(job)) if log_started(p)]
     if not pods:
@@ -182,3 +185,10 @@ def _rank0_log(kube: Any, ns: str, stream: LogStream | None, printer: Printer) -
         stream.join(LOG_DRAIN_SECONDS)  # the previous attempt's last lines first
     return LogStream(lambda: kube.pod_log(ns, pod_name, follow=True),
                      lambda line: printer.log_line(pod_name, line), uid)
+
+
+def _log_error(stream: LogStream, printer: Printer) -> None:
+    """Say once why rank 0's log stopped early (the job is still followed)."""
+    if stream.error and not stream.error_shown:
+        stream.error_shown = True
+        printer.job_line(f"rank 0's log stopped: {stream.error}")

@@ -37,8 +37,10 @@ class Kube:
     """A connection to the API server with the user's credentials."""
 
     def __init__(self, kubeconfig: str | None = None) -> None:
-        from kubernetes import client, config
-
+        try:
+            from kubernetes import client, config
+        except ModuleNotFoundError:
+            raise KubeError(0, "the kubernetes Python client is not installed: pip install 'rlkube[operator]'") from None
         if kubeconfig is not None and not os.path.isfile(kubeconfig):
             raise KubeError(0, f"--kubeconfig {kubeconfig}: no such file")
         try:

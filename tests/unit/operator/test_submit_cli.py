@@ -185,6 +185,19 @@ def test_follow_streams_rank_0s_log_and_returns_the_jobs_exit_code():
     assert "pods rlkube.io/job=dpo,rlkube.io/pod-index=0" in kube.calls
 
 
+def test_pods_forbidden_to_the_user_leave_the_job_followed_without_its_log():
+    class NoPods(FakeKube):
+        def list_pods(self, namespace, selector):
+            raise KubeError(403, 'list pods -l x: pods is forbidden: User "me" cannot list resource "pods"')
+
+    code, text = follow_with(NoPods([job(st=status("Running")), job(st=status("Succeeded"))]))
+    assert code == 0
+    assert text.splitlines() == ["[dpo] phase Running",
+                                 "[dpo] rank 0's log: list pods -l x: pods is forbidden: User \"me\" cannot list "
+                                 "resource \"pods\"; following without it",
+                                 "[dpo] job dpo succeeded"]
+
+
 def test_follow_stops_at_the_timeout_without_deleting_the_job():
     kube = FakeKube([job(st=status("Running", step=1))])
     code, text = follow_with(kube, timeout=10, logs=False)

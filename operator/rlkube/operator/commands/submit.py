@@ -148,7 +148,11 @@ def follow_job(kube: Any, ns: str, name: str, timeout: float, logs: bool, printe
                 for line in lines:
                     printer.job_line(line)
             if logs:
-                stream = _rank0_log(kube, ns, stream, printer)
+                try:
+                    stream = _rank0_log(kube, ns, stream, printer)
+                except KubeError as exc:  # pods may be forbidden to the user: the job is still followed
+                    printer.job_line(f"rank 0's log: {exc}; following without it")
+                    logs = False
             if code is not None:
                 if stream is not None:
                     stream.join(LOG_DRAIN_SECONDS)  # rank 0's last words before the verdict

@@ -20,6 +20,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -31,6 +32,7 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.field_path import field_path
 from rlkube.runtime.contract.model_types import model_problems
 from rlkube.runtime.contract.pod import ENV_CONFIG, EXIT_CONFIG, EXIT_NON_FINITE, EXIT_OK, EXIT_TERMINATED
+from rlkube.runtime.infra.config_overrides import apply_overrides
 from rlkube.runtime.infra.errors import ConfigError, NonFiniteLoss, Terminated
 from rlkube.runtime.infra.terminal import LOG_FORMAT_ENV, LOG_FORMATS
 
@@ -47,8 +49,9 @@ def format_validation_error(err: ValidationError, source: str) -> list[str]:
     return lines
 
 
-def load_config(path: str) -> RuntimeConfig:
-    """Read and validate a runtime config; ConfigError with every problem's field path."""
+def load_config(path: str, overrides: Sequence[str] = ()) -> RuntimeConfig:
+    """Read and validate a runtime config, with `--set FIELD=VALUE` overrides applied
+    (infra/config_overrides.py); ConfigError with every problem's field path."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: no such config file")
@@ -58,10 +61,25 @@ def load_config(path: str) -> RuntimeConfig:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of RuntimeConfig fields")
+    if overrides:
+        raw = apply_overrides(raw, overrides)
     try:
         return RuntimeConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError("\n".join(format_validation_error(e, path))) from None
+
+
+def _config_file(path: str, config: RuntimeConfig, overrides: Sequence[str]) -> str:
+    """The config file the workers read: `path` itself, or with `--set` overrides a copy of the
+    validated config holding them (workers take no arguments but the path)."""
+    if not overrides:
+        return path
+    import tempfile
+
+    data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    with tempfile.NamedTemporaryFile("w", prefix="rlkube-run-", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    return f.name
 
 
 def run(config: RuntimeConfig, **kwargs):
@@ -134,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
         v.add_argument("--log-format", choices=LOG_FORMATS, default=None,
                        help="rank 0's stdout: json (one JSON object a line), text (the progress view and "
                        "the summary in words), or auto: text on a terminal, else json (the default)")
+        v.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="change one config field, e.g. --set model.path=./my-model --set data.source="
+                       "pairs.jsonl (dotted path as in the YAML file; VALUE read as YAML); repeatable")
     d = verbs.add_parser("doctor", help="print device information; check required capabilities")
     d.add_argument("--require", default="", help="comma-separated: cuda,nccl,flash_attn")
     e = verbs.add_parser("export", help="write a committed checkpoint's model as a Hugging Face directory")
@@ -167,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: no config path (argument or {ENV_CONFIG})", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        config = load_config(ns.config)
+        config = load_config(ns.config, ns.set)
     except ConfigError as e:
         return config_failed(e)
     from rlkube.runtime.infra.launch import launch_mode, pod_rank_env, spawn_workers
@@ -178,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(allocator_env(dict(os.environ)))
     mode = launch_mode(dict(os.environ))
     if mode == "spawn":
-        return spawn_workers(ns.config)
+        return spawn_workers(_config_file(ns.config, config, ns.set))
     if mode == "pod":
         os.environ.update(pod_rank_env(dict(os.environ)))
     # /healthz answers from here on, before torch is even imported (progress.py).

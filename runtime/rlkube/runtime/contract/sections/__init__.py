@@ -23,11 +23,11 @@ from rlkube.runtime.contract.sections.roles_spec import (
     RolesSpec,
     device_map,
 )
-from rlkube.runtime.contract.sections.rollout_spec import RolloutSpec
+from rlkube.runtime.contract.sections.rollout_spec import RolloutSpec, ToolsSpec
 from rlkube.runtime.contract.sections.training_spec import TrainingSpec
 
 __all__ = [
     "EVAL_SOURCE", "MICRO_BATCH_BOUNDS", "MODEL_SOURCE", "ROLES_RULES", "ROLE_SOURCE", "BatchingSpec",
     "CheckpointSpec", "DataFields", "DataSpec", "ExportSpec", "LoraSpec", "ModelSpec", "RoleSpec", "RolesSpec",
-    "RolloutSpec", "TrainingSpec", "device_map",
+    "RolloutSpec", "ToolsSpec", "TrainingSpec", "device_map",
 ]

@@ -55,10 +55,7 @@ class EpisodeOutput:
     policy_mask: torch.Tensor  # [B, T], 1 on the tokens the policy generated
     logprobs: torch.Tensor | None  # [B, T] fp32 log-probs of the policy's tokens (0 elsewhere), if asked
     turns: list[int]  # assistant turns of each episode
-
-    @property
-    def generated_tokens(self) -> int:
-        return int(self.policy_mask.sum())
+    generated_tokens: int  # tokens the policy generated, all episodes
 
 
 @dataclass
@@ -231,7 +228,8 @@ class EpisodeDecoder:
             policy[b, :n] = torch.tensor(r.policy, dtype=torch.long)
             logps[b, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
         return EpisodeOutput(input_ids, prompt_mask, ids.to(device), mask.to(device), policy.to(device),
-                             logps.to(device) if with_logprobs else None, [r.turns for r in rows])
+                             logps.to(device) if with_logprobs else None, [r.turns for r in rows],
+                             int(policy.sum()))
 
 
 def _block_mask(key_valid: torch.Tensor, start: int, block: int) -> torch.Tensor:

@@ -3,7 +3,8 @@
 `ToolExecutor.step(episode_id, call) -> ToolResult` is the whole protocol. `episode_id` names one
 episode (one row of one rollout) for executors that keep state per episode (an environment
 service's sandbox); `call` is the parsed call. The result's `text` is appended to the conversation
-as a tool turn; `done` ends the episode after it (the policy does not answer); `ok` False says the
+as a tool turn; `done` ends the episode at the call (no turn of the policy would read the text,
+so it is not appended); `ok` False says the
 executor failed (a timeout, a crash of its own, a call that still failed after the executor's own
 retries) rather than the policy: such an episode is masked out of the loss and counted, never
 scored as 0, since its reward would say nothing about the policy.
@@ -36,7 +37,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """A tool's answer: `text` (appended as the tool turn), `done` (end the episode after it),
+    """A tool's answer: `text` (appended as the tool turn), `done` (end the episode at the call),
     `ok` (False: the executor failed; the episode is masked out of the loss and counted)."""
 
     text: str

@@ -18,6 +18,7 @@ from rlkube.runtime.data.prompts import PromptData
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes
 from rlkube.runtime.trainers.rl.rollout import RolloutWorker, fixed_prompt_width
 from rlkube.runtime.trainers.rl.scoring import Scorer
 
@@ -27,11 +28,12 @@ class GreedyEvaluator:
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, scorer: Scorer,
                  engine: HybridEngine | None, eos_id: int, pad_id: int, block_rows: int,
-                 sync: Callable[[], None]) -> None:
+                 sync: Callable[[], None], episodes: MultiTurnEpisodes | None = None) -> None:
+        """`episodes`: multi-turn episodes (rollout.maxTurns > 1), evaluated as the rollouts play them."""
         greedy = SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_id=eos_id, pad_token_id=pad_id)
         self.worker = RolloutWorker(config, groups, data, None, greedy, pad_id, 1, engine, sync,
-                                    fixed_prompt_width(config, data, groups.ctx.device))
+                                    fixed_prompt_width(config, data, groups.ctx.device), episodes, "e")
         self.data, self.scorer, self.block_rows = data, scorer, block_rows
 
     def __call__(self) -> dict:

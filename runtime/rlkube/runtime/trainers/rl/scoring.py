@@ -94,7 +94,8 @@ class Scorer:
         eos, pad = self.tokenizer.eos_id, self.tokenizer.pad_id
         prompts, completions = [], []
         for r in range(rollout.rows)[rows]:
-            ids = rollout.sequences[r, rollout.prompt_len :][rollout.response_mask[r].bool()].tolist()
+            # the whole response: a multi-turn episode's tool turns too (what the policy saw)
+            ids = rollout.sequences[r, rollout.prompt_len :][rollout.episode_mask[r].bool()].tolist()
             completions.append(self.tokenizer.decode([t for t in ids if t not in (eos, pad)]))
             prompts.append(data.texts[rollout.prompt_index[r]])
         return prompts, completions

@@ -230,3 +230,23 @@ def test_a_failed_tool_call_masks_its_episode_out_and_is_counted(tmp_path, monke
     rec = trainer.train_step(0, 3e-3)
     assert rec["toolCallFailures"] == len(masked)
     assert rec["rewardMean"] == pytest.approx(float(scored["scores"][keep].mean()))
+
+
+def test_the_example_runs_on_cpu(tmp_path, monkeypatch):
+    """examples/runtime/grpo-multi-turn-cpu.yaml validates and trains (two steps here), its step
+    records carrying the multi-turn fields."""
+    import yaml
+
+    from rlkube.runtime.trainers.rl.trainer import train
+
+    torch.set_num_threads(1)
+    root = Path(__file__).resolve().parents[2]
+    cfg = yaml.safe_load((root / "examples" / "runtime" / "grpo-multi-turn-cpu.yaml").read_text())
+    cfg["data"]["source"] = str(root / cfg["data"]["source"])
+    cfg["training"]["steps"] = 2
+    cfg["checkpoint"]["dir"], cfg["outputDir"] = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    result = train(RuntimeConfig.model_validate(cfg))
+    assert result.steps_run == 2
+    for rec in result.records:
+        assert rec["turnsPerEpisode"] >= 1 and rec["toolCallFailures"] == 0
+        assert {"toolCalls", "toolTokens", "malformedToolCalls"} <= set(rec)

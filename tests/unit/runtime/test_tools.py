@@ -122,3 +122,17 @@ def test_tool_turn_fallbacks():
     assert (user.source, user.text("42")) == ("user", "\nuser: <tool_response>\n42\n</tool_response>\nassistant: ")
     plain = ToolTurnFormat.of(_NoTemplate())
     assert (plain.source, plain.text("42")) == ("plain", "\ntool: 42\nassistant: ")
+
+
+def test_arithmetic_reward_reads_the_final_turn():
+    from rlkube.runtime.rewards.arithmetic import arithmetic_answer
+
+    prompt = "system: use the calculator\nuser: What is 17 * 23?\nassistant: "
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "17 * 23"}}</tool_call>'
+    assert arithmetic_answer(prompt, f"{call}\ntool: 391\nassistant: It is 391.") == 1.0
+    # the tool's number alone does not count: the final turn must say it
+    assert arithmetic_answer(prompt, f"{call}\ntool: 391\nassistant: I do not know.") == 0.0
+    assert arithmetic_answer(prompt, "391") == 1.0 and arithmetic_answer(prompt, "390") == 0.0
+    chatml = call + "<|im_end|>\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\nSo 391"
+    assert arithmetic_answer(prompt, chatml) == 1.0
+    assert arithmetic_answer("no question here", "391") == 0.0

@@ -164,6 +164,13 @@ def test_tool_tokens_are_attended_to_and_never_trained_on(tmp_path, monkeypatch)
     prompts_text, completions = trainer.scorer._completion_texts(rollout, slice(0, rollout.rows), trainer.data)
     assert any("\ntool: 42\nassistant: " in text for text in completions)
 
+    # old and reference log-probs are taken at the policy's tokens only (0 at tool tokens, as the
+    # actor's own are there), so no ratio or KL of a tool token is formed
+    from rlkube.runtime.trainers.rl.scoring import response_logprobs
+
+    logps = response_logprobs(trainer.actor.model, rollout, [torch.arange(rollout.rows)], 0, torch.device("cpu"))
+    assert (logps[trained.bool()] < 0).all() and logps[~trained.bool()].abs().sum() == 0
+
     rec = trainer.train_step(0, 3e-3)
     policy_tokens = int(trained.sum())
     assert rec["toolTokens"] == int(attention.sum()) - policy_tokens
@@ -250,3 +257,91 @@ def test_the_example_runs_on_cpu(tmp_path, monkeypatch):
     for rec in result.records:
         assert rec["turnsPerEpisode"] >= 1 and rec["toolCallFailures"] == 0
         assert {"toolCalls", "toolTokens", "malformedToolCalls"} <= set(rec)
+
+
+def test_ppo_trains_on_episodes_with_gae_across_the_tool_turns(tmp_path, monkeypatch):
+    """PPO (critic, GAE) on multi-turn episodes: the advantages and returns are 0 on every tool
+    token and set on the policy's tokens of every turn (GAE skips the tool turns instead of
+    ending the episode at the first one), and a step trains to finite losses."""
+    torch.set_num_threads(1)
+    cfg = rl_config(tmp_path, "ppo", batching={"globalBatch": 4, "maxMicroBatch": 16, "mode": "fixed"},
+                    training={"steps": 1, "lr": 3e-3, "seed": 0},
+                    rollout={"maxNewTokens": NEW, "temperature": 1.0, "maxTurns": TURNS,
+                             "maxEpisodeTokens": EPISODE, "tools": TOOLS})
+    trainer = RLTrainer(RuntimeConfig.model_validate(cfg), DistContext())
+    monkeypatch.setattr(multi_turn, "parse_tool_call", lambda text: ToolCall("calculator", {"expression": "6*7"}))
+    trainer.rollout.sampling = dataclasses.replace(trainer.rollout.sampling, temperature=0.0)
+    batch = trainer.rollout.prompts(0)
+    trainer.episodes.decoder.stop_ids = [frequent_token(trainer.actor.model.lm, batch.ids, batch.mask,
+                                                        trainer.rollout.sampling)]
+    rollout, _ = trainer.rollout.generate(0)
+    scored = trainer._score(rollout)
+    out = trainer.estimate(scored, rollout.response_mask.float(), trainer.config.training)
+    tool = (rollout.episode_mask - rollout.response_mask).bool()
+    assert tool.any()
+    assert out["advantages"][tool].abs().sum() == 0 and out["returns"][tool].abs().sum() == 0
+    # The reward sits on the episode's last token (no KL here), so a first turn that ended the
+    # episode would have return 0 at its last token; it bootstraps from the next turn's value instead.
+    assert trainer.config.training.kl == 0
+    for r in range(rollout.rows):
+        if tool[r].any():
+            end = runs(rollout.response_mask[r])[0][2]
+            assert out["returns"][r, end - 1] != 0 and out["advantages"][r, end - 1] != 0
+    rec = trainer.train_step(0, 3e-3)
+    assert all(torch.isfinite(torch.tensor(rec[k])) for k in ("loss", "value_loss", "policy_loss"))
+    assert rec["toolCalls"] > 0
+
+
+def two_rank_worker(rank: int, port: int, tmp: str, stop: int, results) -> None:
+    import os
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from rlkube.runtime.infra.distributed import init_from_env, shutdown
+
+    multi_turn.parse_tool_call = lambda text: ToolCall("calculator", {"expression": "6*7"})
+    cfg = RuntimeConfig.model_validate(multi_turn_config(Path(tmp), actor_gpus=2))
+    ctx = init_from_env(cfg.device_map)
+    try:
+        trainer = RLTrainer(cfg, ctx)
+        trainer.rollout.sampling = dataclasses.replace(trainer.rollout.sampling, temperature=0.0)
+        trainer.episodes.decoder.stop_ids = [stop]
+        rollout, _ = trainer.rollout.generate(0)
+        rec = trainer.train_step(0, 3e-3)
+        results[rank] = {"sequences": rollout.sequences, "attention": rollout.attention_mask,
+                         "policy": rollout.policy_mask, "record": rec}
+    finally:
+        shutdown(ctx)
+
+
+def multi_turn_config(tmp: Path, actor_gpus: int = 1) -> dict:
+    cfg = rl_config(tmp, "grpo", batching={"globalBatch": 4, "maxMicroBatch": 16, "mode": "fixed"},
+                    training={"steps": 1, "lr": 3e-3, "groupSize": 4, "seed": 0},
+                    rollout={"maxNewTokens": NEW, "temperature": 1.0, "maxTurns": TURNS, "maxEpisodeTokens": EPISODE,
+                             "tools": TOOLS})
+    cfg["roles"]["actor"]["gpus"] = actor_gpus
+    return cfg
+
+
+@pytest.mark.timeout(300)
+def test_two_actor_ranks_play_the_episodes_of_one_rank(tmp_path, monkeypatch):
+    """Two actor ranks (FSDP2 over gloo) each play their half of the episodes; every rank holds
+    the whole rollout with its policy mask, equal to one rank's (greedy), and the step record's
+    multi-turn fields are summed over the ranks."""
+    from .spawned import spawn_ranks
+
+    one = trainer_for(tmp_path / "one", monkeypatch, maxTurns=TURNS, maxEpisodeTokens=EPISODE, tools=TOOLS)
+    stop = one.episodes.decoder.stop_ids[0]
+    rollout, _ = one.rollout.generate(0)
+    want = one.train_step(0, 3e-3)
+    assert want["toolCalls"] > 0
+    results = spawn_ranks(two_rank_worker, lambda port, results: (port, str(tmp_path / "two"), stop, results),
+                          monkeypatch)
+    for rank in (0, 1):
+        got = results[rank]
+        assert torch.equal(got["sequences"], rollout.sequences)
+        assert torch.equal(got["attention"], rollout.attention_mask)
+        assert torch.equal(got["policy"], rollout.policy_mask)
+        for key in ("turnsPerEpisode", "toolCalls", "toolTokens", "toolCallFailures", "responseLengthMean"):
+            assert got["record"][key] == pytest.approx(want[key]), key

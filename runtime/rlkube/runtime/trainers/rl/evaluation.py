@@ -35,6 +35,7 @@ class GreedyEvaluator:
         self.worker = RolloutWorker(config, groups, data, None, greedy, pad_id, 1, engine, sync,
                                     fixed_prompt_width(config, data, groups.ctx.device), episodes, "e")
         self.data, self.scorer, self.block_rows = data, scorer, block_rows
+        self.blocks = 0  # blocks generated in the run's evaluations: multi-turn episode ids 'e<block>-<row>'
 
     def __call__(self) -> dict:
         n, total, length = len(self.data), 0.0, 0.0
@@ -42,7 +43,9 @@ class GreedyEvaluator:
             index = list(range(start, min(start + self.block_rows, n)))
             real = len(index)
             index += [index[0]] * (self.block_rows - real)
-            rollout, _ = self.worker.generate(0, self.worker.prompt_batch(index))  # greedy: no seed used
+            # greedy: the step seeds nothing, and numbers the block for multi-turn episode ids
+            rollout, _ = self.worker.generate(self.blocks, self.worker.prompt_batch(index))
+            self.blocks += 1
             scores = self.scorer.rewards(rollout, self.data)
             total += float(scores[:real].sum())
             length += float(rollout.response_mask[:real].sum())

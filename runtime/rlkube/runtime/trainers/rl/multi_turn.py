@@ -11,8 +11,8 @@ the loss (its policy mask is zeroed: no token of it is trained on, and GRPO leav
 group's statistics) and counted, never scored as 0: its reward would say nothing about the
 policy. A result with `done` ends the episode at the call.
 
-Episode ids are '<kind><step>-<row>' with the row's index in the step's rollout, unique within
-a run's training rollouts (kind 's') and evaluations (kind 'e').
+Episode ids are 's<step>-<row>' with the row's index in the step's rollout, and 'e<block>-<row>'
+for evaluations (blocks of eval prompts numbered across the run): unique within a run.
 """
 
 from __future__ import annotations

@@ -82,6 +82,12 @@ def _spec(rng: random.Random) -> RuntimeConfig:
     rollout = {"temperature": pick([0.0, 1.0]), "maxNewTokens": pick([6, 7, 62, 63, 126, 127, 200])}
     if rng.random() < 0.5:
         rollout["decodeRows"] = pick([1, 2, 4, 8, 16, 64])
+    if rng.random() < 0.4:  # multi-turn: the tools, maxTurns and maxEpisodeTokens each broken on some
+        rollout["maxTurns"] = pick([1, 2, 4])
+        if rng.random() < 0.7:
+            rollout["tools"] = {"function": "rlkube.runtime.tools.calculator:calculator"}
+        if rng.random() < 0.6:
+            rollout["maxEpisodeTokens"] = pick([5, 62, 126, 200])
     data = {"source": "s", "format": pick(["synthetic", "synthetic", "jsonl"]), "maxSeqLen": pick([8, 64, 128]),
             "prefetch": pick([0, 1, 2]), "lengthMix": pick(["fixed", "longTailed"]),
             "numSamples": pick([1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 512])}

@@ -83,3 +83,37 @@ def test_group_normalized_advantages_formula():
 def test_group_normalized_advantages_rejects_bad_layout():
     with pytest.raises(ValueError, match="groupSize=3"):
         group_normalized_advantages(torch.zeros(8), group_size=3)
+
+
+def test_gae_skips_the_masked_gaps_between_turns():
+    """A multi-turn row's tool tokens (mask 0 between valid tokens) are skipped: the result is GAE
+    over the row's valid tokens moved together, put back in place; a row without gaps is as before."""
+    rewards = torch.tensor([[0.0, 0.1, 9.0, 9.0, 0.2, 1.0, 0.0], [0.3, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    values = torch.tensor([[0.2, 0.4, 5.0, 5.0, 0.1, 0.3, 7.0], [0.6, 0.7, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0]])
+    adv, ret = gae(rewards, values, mask, gamma=0.95, lam=0.9)
+    a0, r0 = reference_gae([0.0, 0.1, 0.2, 1.0], [0.2, 0.4, 0.1, 0.3], 0.95, 0.9)
+    a1, r1 = reference_gae([0.3, 0.5], [0.6, 0.7], 0.95, 0.9)
+    assert torch.allclose(adv[0, [0, 1, 4, 5]], torch.tensor(a0))
+    assert torch.allclose(ret[0, [0, 1, 4, 5]], torch.tensor(r0))
+    assert torch.allclose(adv[1, :2], torch.tensor(a1)) and torch.allclose(ret[1, :2], torch.tensor(r1))
+    assert adv[0, [2, 3, 6]].abs().sum() == 0 and ret[0, [2, 3, 6]].abs().sum() == 0
+    # without gaps: the same numbers as before, bit for bit
+    plain = mask.clone()
+    plain[0] = torch.tensor([1, 1, 1, 1, 0, 0, 0])
+    want = gae(rewards, values, plain, 0.95, 0.9)
+    assert all(torch.equal(x, y) for x, y in zip(want, gae(rewards, values, plain.float(), 0.95, 0.9), strict=True))
+
+
+def test_group_advantages_leave_out_rows_that_do_not_count():
+    """A completion masked out of the loss (a failed tool call) gets 0 and takes no part in its
+    group's mean and std; a group with fewer than two that count gets 0; all valid: unchanged."""
+    rewards = torch.tensor([1.0, 0.0, 100.0, 0.5, 2.0, 7.0, 3.0, 4.0])
+    valid = torch.tensor([True, True, False, True, False, True, False, False])
+    out = group_normalized_advantages(rewards, 4, valid=valid)
+    kept = torch.tensor([1.0, 0.0, 0.5])
+    want = (kept - kept.mean()) / (kept.std() + 1e-6)
+    assert torch.allclose(out[[0, 1, 3]], want)
+    assert out[2] == 0 and out[4:].abs().sum() == 0
+    every = torch.ones(8, dtype=torch.bool)
+    assert torch.equal(group_normalized_advantages(rewards, 4, valid=every), group_normalized_advantages(rewards, 4))

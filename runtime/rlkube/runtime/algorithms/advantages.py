@@ -1,9 +1,11 @@
 """Advantage estimation for PPO (GAE) and GRPO (group-normalised rewards).
 
 Pure functions of tensors. Token sequences are `[batch, time]` with a `mask` of the same shape
-that is 1 on response tokens (the tokens the policy chose) and 0 on prompt and padding. A masked
-position ends the episode: GAE never bootstraps across it, so a response that stopped early at
-EOS gets no value from the padding behind it.
+that is 1 on response tokens (the tokens the policy chose) and 0 on prompt and padding. The
+masked positions after a row's last valid token end the episode: GAE never bootstraps across
+them, so a response that stopped early at EOS gets no value from the padding behind it. Masked
+positions between valid ones (a tool's output inside a multi-turn episode) are skipped: the next
+valid token of the row is the next step.
 """
 
 from __future__ import annotations
@@ -48,19 +50,30 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over masked token sequences.
 
-    rewards, values, mask: `[batch, time]`. For each valid token t (mask 1), with
-    `m_{t+1}` the mask of the next token (0 past the end):
+    rewards, values, mask: `[batch, time]`. For each valid token t (mask 1), with t+1 the
+    row's next valid token and `m_{t+1}` 0 past the row's last one:
 
         delta_t = r_t + gamma * m_{t+1} * V_{t+1} - V_t
         A_t     = delta_t + gamma * lam * m_{t+1} * A_{t+1}
 
-    Returns (advantages, returns) with returns = A + V, both zero where mask is 0.
+    Returns (advantages, returns) with returns = A + V, both zero where mask is 0. A row whose
+    valid tokens have gaps (multi-turn: tool tokens between the policy's turns) is computed over
+    its valid tokens moved flush left and put back; a row without gaps is left as it is.
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape:
         raise ValueError(
             f"gae: rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask "
             f"{tuple(mask.shape)} must have one shape"
         )
+    valid = mask.bool()
+    gaps = (valid[:, 1:] & ~valid[:, :-1]).any() if valid.shape[1] > 1 else torch.tensor(False)
+    if bool(gaps) and bool(valid.any()):
+        # stable sort: each row's valid positions first, in order; the rest after
+        order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+        packed = [t.gather(1, order) for t in (rewards, values, mask)]
+        adv_packed, ret_packed = gae(*packed, gamma=gamma, lam=lam)
+        back = torch.argsort(order, dim=1)
+        return adv_packed.gather(1, back), ret_packed.gather(1, back)
     m = mask.to(values.dtype)
     rewards = rewards * m
     values = values * m
@@ -79,7 +92,8 @@ def gae(
 
 
 def group_normalized_advantages(
-    rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO advantages: each completion's reward relative to the others sampled for its prompt.
 
@@ -88,14 +102,34 @@ def group_normalized_advantages(
     unbiased sample standard deviation of the group (as in DeepSeekMath's GRPO). With
     scale_by_std False only the mean is subtracted (Dr. GRPO), which avoids up-weighting groups
     whose rewards barely differ.
+
+    `valid` ([num_prompts * group_size] bool): the completions that count. One that does not (a
+    multi-turn episode whose tool call failed: it is masked out of the loss) gets advantage 0 and
+    takes no part in its group's mean and std; a group with fewer than two that count gets 0.
     """
     if rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(
             f"group_normalized_advantages: rewards of shape {tuple(rewards.shape)} is not a flat "
             f"multiple of groupSize={group_size}"
         )
+    if valid is not None and not bool(valid.all()):
+        return _valid_group_advantages(rewards, valid, group_size, scale_by_std, eps)
     grouped = rewards.float().view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std and group_size > 1:
         centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
     return centered.reshape(-1)
+
+
+def _valid_group_advantages(rewards: torch.Tensor, valid: torch.Tensor, group_size: int, scale_by_std: bool,
+                            eps: float) -> torch.Tensor:
+    """group_normalized_advantages over the `valid` completions of each group only."""
+    grouped = rewards.float().view(-1, group_size)
+    counts = valid.view(-1, group_size).float()
+    n = counts.sum(dim=1, keepdim=True)
+    mean = (grouped * counts).sum(dim=1, keepdim=True) / n.clamp_min(1.0)
+    centered = (grouped - mean) * counts
+    if scale_by_std and group_size > 1:
+        std = ((centered ** 2).sum(dim=1, keepdim=True) / (n - 1).clamp_min(1.0)).sqrt()
+        centered = centered / (std + eps)
+    return (centered * (n >= 2).float()).reshape(-1)

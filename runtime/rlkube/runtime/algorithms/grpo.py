@@ -36,9 +36,11 @@ def group_of(index: int, group_size: int) -> int:
     return index // group_size
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True) -> torch.Tensor:
-    """One advantage per completion; groups whose rewards are all equal get 0 (no signal)."""
-    return group_normalized_advantages(rewards, group_size, scale_by_std=scale_by_std)
+def grpo_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
+    """One advantage per completion; groups whose rewards are all equal get 0 (no signal).
+    `valid`: the completions that count (group_normalized_advantages)."""
+    return group_normalized_advantages(rewards, group_size, scale_by_std=scale_by_std, valid=valid)
 
 
 def fraction_of_groups_with_signal(rewards: torch.Tensor, group_size: int) -> float:

@@ -119,8 +119,12 @@ def gae_advantages(scored: Mapping[str, torch.Tensor], mask: torch.Tensor, t: Tr
 @register_adv_est("grpo")
 def group_advantages(scored: Mapping[str, torch.Tensor], mask: torch.Tensor, t: TrainingSpec) -> dict[str, torch.Tensor]:
     """GRPO: one advantage per completion, its score relative to its group of training.groupSize,
-    divided by the group's std unless training.scaleRewards is false (Dr. GRPO)."""
-    return {"advantages": grpo_advantages(scored["scores"], t.group_size, scale_by_std=t.scale_rewards)}
+    divided by the group's std unless training.scaleRewards is false (Dr. GRPO). A completion
+    without a token in the mask (a multi-turn episode masked out of the loss after a failed tool
+    call) counts in no group's statistics."""
+    valid = mask.bool().any(dim=1)
+    return {"advantages": grpo_advantages(scored["scores"], t.group_size, scale_by_std=t.scale_rewards,
+                                          valid=valid)}
 
 
 def _objective(logprobs, old_logprobs, advantages, mask, t: TrainingSpec, clip_high, ref_logprobs, entropy):

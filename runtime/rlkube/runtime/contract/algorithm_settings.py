@@ -30,6 +30,7 @@ The rules:
   every size of its range).
 - PPO/GRPO: rollout.decodeRows is at most the rows each actor GPU generates per step (more rows
   than completions would leave rows that never decode; the setting would do nothing).
+- Multi-turn rollouts (rollout.maxTurns, maxEpisodeTokens, tools): `multi_turn.MULTI_TURN_RULES`.
 - PPO/GRPO refuse values of the DPO-only data and batching fields (`DPO_ONLY_FIELDS`) other
   than those that say what they do anyway, instead of ignoring them silently.
 """
@@ -43,6 +44,7 @@ from pydantic.alias_generators import to_camel
 
 from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
 from rlkube.runtime.contract.data_size import SAMPLES_PER_STEP
+from rlkube.runtime.contract.multi_turn import MULTI_TURN_RULES
 from rlkube.runtime.contract.rule import Rule, problems, when
 from rlkube.runtime.contract.sections import (
     BatchingSpec,
@@ -285,7 +287,8 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
 
 # Every rule on the spec the trainer applies too, in the order they are reported.
 SPEC_RULES: tuple[Rule, ...] = (
-    *ALGORITHM_ROLES, *roles_spec.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, SAMPLES_PER_STEP, *BATCH_SPLIT,
+    *ALGORITHM_ROLES, *roles_spec.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, *MULTI_TURN_RULES, SAMPLES_PER_STEP,
+    *BATCH_SPLIT,
     *(field.rule() for field in DPO_ONLY_FIELDS),
 )
 

@@ -38,6 +38,7 @@ from rlkube.runtime.contract.sections import (
     RoleSpec,
     RolesSpec,
     RolloutSpec,
+    ToolsSpec,
     TrainingSpec,
     device_map,
 )
@@ -46,7 +47,7 @@ from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, ROLE_NAMES,
 __all__ = [
     "EVAL_SOURCE", "MAX_NAME_LEN", "MAX_PATH_LEN", "MICRO_BATCH_BOUNDS", "MODEL_SOURCE", "ROLE_NAMES", "ROLE_SOURCE",
     "BatchingSpec", "CheckpointSpec", "DataFields", "DataSpec", "ExportSpec", "LoraSpec", "ModelSpec", "RoleSpec",
-    "RolesSpec", "RolloutSpec", "RunSections", "RuntimeConfig", "TrainingSpec", "device_map",
+    "RolesSpec", "RolloutSpec", "RunSections", "RuntimeConfig", "ToolsSpec", "TrainingSpec", "device_map",
 ]
 
 

@@ -23,12 +23,12 @@ from rlkube.runtime.contract.sections.roles_spec import (
     RolesSpec,
     device_map,
 )
-from rlkube.runtime.contract.sections.rollout_spec import RolloutSpec
+from rlkube.runtime.contract.sections.rollout_spec import RolloutSpec, ToolsSpec
 from rlkube.runtime.contract.sections.training_spec import REPORT_TO_RULES, TRACKER_NAMES, TrainingSpec
 
 __all__ = [
     "EVAL_SOURCE", "MICRO_BATCH_BOUNDS", "MODEL_SOURCE", "REPORT_TO_RULES", "ROLES_RULES", "ROLE_SOURCE",
     "TRACKER_NAMES", "BatchingSpec",
     "CheckpointSpec", "DataFields", "DataSpec", "ExportSpec", "LoraSpec", "ModelSpec", "RoleSpec", "RolesSpec",
-    "RolloutSpec", "TrainingSpec", "device_map",
+    "RolloutSpec", "ToolsSpec", "TrainingSpec", "device_map",
 ]

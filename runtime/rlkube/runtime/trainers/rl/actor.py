@@ -18,7 +18,7 @@ from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.lora import add_lora
 from rlkube.runtime.engine.models import build_causal_lm, compile_role, compile_wanted, shard
-from rlkube.runtime.engine.policy import PolicyModel
+from rlkube.runtime.engine.policy import PolicyModel, host_to_device
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.metrics import FlopModel
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, role_micro_batches
@@ -64,9 +64,11 @@ class ActorWorker(RoleWorker):
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg, dev, p = self.config.training, self.groups.ctx.device, rollout.prompt_len
-        resp = att[:, p:].float()
+        # the policy's tokens: multi-turn tool tokens are attended to, never trained on (nor in the KL)
+        resp = (att if rollout.policy_mask is None else host_to_device(host, dev))[:, p:]
         cols = resp.shape[1]
-        logps, entropy = self.model(seq, att, p, att[:, p:], with_entropy=cfg.entropy_coef > 0, host_mask=host)
+        logps, entropy = self.model(seq, att, p, resp, with_entropy=cfg.entropy_coef > 0, host_mask=host)
+        resp = resp.float()
         # A rollout trained on once has no old log-probs: the ratio is 1 at the current weights.
         old = scored["old_logprobs"][idx, :cols].to(dev) if "old_logprobs" in scored else logps.detach()
         a = adv["advantages"][idx]

@@ -10,6 +10,7 @@ import torch
 from rlkube.runtime.algorithms.ppo import value_loss
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.models import build_causal_lm, compile_role, evaluating, shard
+from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.engine.value_model import ValueModel
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, in_row_order, role_micro_batches
 from rlkube.runtime.trainers.rl.groups import RoleGroups
@@ -43,7 +44,7 @@ class CriticWorker(RoleWorker):
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         dev, p = self.groups.ctx.device, rollout.prompt_len
-        resp = att[:, p:].float()
+        resp = (att if rollout.policy_mask is None else host_to_device(host, dev))[:, p:].float()
         cols = resp.shape[1]
         values = self.model(seq, att, p)
         loss, clip_frac = value_loss(

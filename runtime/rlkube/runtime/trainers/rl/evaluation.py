@@ -18,6 +18,7 @@ from rlkube.runtime.data.prompts import PromptData
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes
 from rlkube.runtime.trainers.rl.rollout import RolloutWorker, fixed_prompt_width
 from rlkube.runtime.trainers.rl.scoring import Scorer
 
@@ -27,12 +28,14 @@ class GreedyEvaluator:
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, scorer: Scorer,
                  engine: HybridEngine | None, eos_id: int, pad_id: int, block_rows: int,
-                 sync: Callable[[], None]) -> None:
+                 sync: Callable[[], None], episodes: MultiTurnEpisodes | None = None) -> None:
+        """`episodes`: multi-turn episodes (rollout.maxTurns > 1), evaluated as the rollouts play them."""
         greedy = SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_id=eos_id, pad_token_id=pad_id)
         self.worker = RolloutWorker(config, groups, data, None, greedy, pad_id, 1, engine, sync,
-                                    fixed_prompt_width(config, data, groups.ctx.device))
+                                    fixed_prompt_width(config, data, groups.ctx.device), episodes, "e")
         self.data, self.scorer, self.block_rows = data, scorer, block_rows
+        self.blocks = 0  # blocks generated in the run's evaluations: multi-turn episode ids 'e<block>-<row>'
 
     def __call__(self) -> dict:
         n, total, length = len(self.data), 0.0, 0.0
@@ -40,7 +43,9 @@ class GreedyEvaluator:
             index = list(range(start, min(start + self.block_rows, n)))
             real = len(index)
             index += [index[0]] * (self.block_rows - real)
-            rollout, _ = self.worker.generate(0, self.worker.prompt_batch(index))  # greedy: no seed used
+            # greedy: the step seeds nothing, and numbers the block for multi-turn episode ids
+            rollout, _ = self.worker.generate(self.blocks, self.worker.prompt_batch(index))
+            self.blocks += 1
             scores = self.scorer.rewards(rollout, self.data)
             total += float(scores[:real].sum())
             length += float(rollout.response_mask[:real].sum())

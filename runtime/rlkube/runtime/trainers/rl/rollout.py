@@ -5,6 +5,11 @@ generation, resharded after); the shares are all-gathered in the actor group and
 the actor leader, so every rank holds the same `Rollout`. Rows are `[left-padded prompt (P
 columns) | right-padded response (T columns)]`; response columns no row used are trimmed.
 
+With rollout.maxTurns > 1 each row is a multi-turn episode (multi_turn.py): its response holds
+the policy's turns and the tool turns between them, and `Rollout.policy_mask` says which tokens
+the policy generated. The losses, the KL, the advantages and the token counts read the policy's
+tokens only (`response_mask`); the forwards attend to every token (`attention_mask`).
+
 A step's prompt block (`prompts(step)`, a pure function of the step) is host-only work: the
 trainer prepares the next steps' on a thread while the GPU generates and trains.
 """
@@ -26,6 +31,7 @@ from rlkube.runtime.engine.hybrid_engine import HybridEngine
 from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes
 
 PROMPT_WIDTH_STEP = 64  # CUDA: prompt blocks are padded to a multiple of this many tokens
 
@@ -47,10 +53,29 @@ class Rollout:
     attention_mask: torch.Tensor  # [N, P + T]
     prompt_len: int  # P
     prompt_index: list[int]  # data index of each row
+    # [N, P + T], 1 on the tokens the policy generated (multi-turn episodes: not the tool turns; a row
+    # masked out after a failed tool call has none). None: every response token is the policy's.
+    policy_mask: torch.Tensor | None = None
 
     @property
     def response_mask(self) -> torch.Tensor:
+        """[N, T], 1 on the response tokens trained on: the policy's."""
+        mask = self.attention_mask if self.policy_mask is None else self.policy_mask
+        return mask[:, self.prompt_len :]
+
+    @property
+    def episode_mask(self) -> torch.Tensor:
+        """[N, T], 1 on every real response token (tool turns included): what the reward reads."""
         return self.attention_mask[:, self.prompt_len :]
+
+    @property
+    def trained_rows(self) -> torch.Tensor:
+        """[N] bool: the rows with a token to train on (multi-turn: not those masked out)."""
+        return self.response_mask.bool().any(dim=1)
+
+    def policy_host(self, rows: slice | torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+        """The policy's tokens of `rows` as `host` (their attention mask from `on_device`) is cut."""
+        return host if self.policy_mask is None else self.policy_mask[rows][:, : host.shape[1]]
 
     @property
     def rows(self) -> int:
@@ -83,13 +108,13 @@ def to_response_width(t: torch.Tensor, rollout: Rollout) -> torch.Tensor:
 
 def fixed_prompt_width(config: RuntimeConfig, data: PromptData, device: torch.device) -> int | None:
     """On CUDA, the one prompt-block width of every rollout: the longest prompt of the data,
-    rounded up to PROMPT_WIDTH_STEP (within data.maxSeqLen - rollout.maxNewTokens), so every
+    rounded up to PROMPT_WIDTH_STEP (within data.maxSeqLen - the episode's tokens), so every
     rollout has the decoder's shape and its captured graphs are replayed, never captured again
     for a step whose prompts happen to be longer. None elsewhere (each block as wide as its longest)."""
     if device.type != "cuda" or not data.ids:
         return None
     longest = max(len(ids) for ids in data.ids)
-    room = config.data.max_seq_len - config.rollout.max_new_tokens
+    room = config.data.max_seq_len - config.rollout.episode_tokens
     return min(-(-longest // PROMPT_WIDTH_STEP) * PROMPT_WIDTH_STEP, max(room, longest))
 
 
@@ -98,8 +123,12 @@ class RolloutWorker:
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, data: PromptData, sampler: StepSampler | None,
                  sampling: SamplingParams, pad_id: int, group_size: int, engine: HybridEngine | None,
-                 sync: Callable[[], None], prompt_width: int | None = None) -> None:
+                 sync: Callable[[], None], prompt_width: int | None = None,
+                 episodes: MultiTurnEpisodes | None = None, episode_kind: str = "s") -> None:
+        """`episodes`: multi-turn generation (rollout.maxTurns > 1) on actor ranks; `episode_kind`
+        starts its episode ids ('s' training steps, 'e' evaluation)."""
         self.config, self.groups = config, groups
+        self.episodes, self.episode_kind = episodes, episode_kind
         self.prompt_width = prompt_width  # fixed_prompt_width: None, each block as wide as its longest prompt
         self.data, self.sampler, self.sampling = data, sampler, sampling
         self.pad_id, self.group_size = pad_id, group_size
@@ -121,7 +150,13 @@ class RolloutWorker:
         reshard_before = self.engine.reshard_seconds
         self.sync()
         t0 = time.perf_counter()
-        out = self.engine.generate(ids[mine], mask[mine], self.sampling, gen)
+        if self.episodes is not None:
+            first = mine.start or 0
+            out, tools = self.episodes.generate(ids[mine], mask[mine], self.sampling, gen,
+                                                f"{self.episode_kind}{step}", first)
+            stats["tools"] = tools
+        else:
+            out = self.engine.generate(ids[mine], mask[mine], self.sampling, gen)
         self.sync()
         stats["generationSeconds"] = time.perf_counter() - t0
         stats["reshardSeconds"] = self.engine.reshard_seconds - reshard_before
@@ -135,9 +170,18 @@ class RolloutWorker:
             stats["decodeCaptureSeconds"] = decoded["captureSeconds"]
         seq = torch.full((out.prompt_ids.shape[0], width), self.pad_id, dtype=torch.long)
         att = torch.zeros_like(seq)
-        seq[:, : out.sequences.shape[1]] = out.sequences.cpu()
-        att[:, : out.sequences.shape[1]] = out.attention_mask.cpu()
-        return self.groups.gather(torch.stack([seq, att], dim=1), "actor")
+        planes = [seq, att]
+        if self.episodes is None:
+            seq[:, : out.sequences.shape[1]] = out.sequences.cpu()
+            att[:, : out.sequences.shape[1]] = out.attention_mask.cpu()
+        else:
+            policy = torch.zeros_like(seq)
+            used = out.prompt_ids.shape[1] + out.response_ids.shape[1]
+            seq[:, :used] = torch.cat([out.prompt_ids, out.response_ids], dim=1).cpu()
+            att[:, :used] = torch.cat([out.prompt_mask, out.response_mask], dim=1).cpu()
+            policy[:, out.prompt_ids.shape[1]:used] = out.policy_mask.cpu()
+            planes.append(policy)
+        return self.groups.gather(torch.stack(planes, dim=1), "actor")
 
     def prompts(self, step: int) -> PromptBatch:
         """The prompt block of step `step` (host tensors; safe on a thread of its own)."""
@@ -153,16 +197,19 @@ class RolloutWorker:
         rank's generation statistics."""
         batch = prompts if prompts is not None else self.prompts(step)
         prompt_index, ids, mask = batch.prompt_index, batch.ids, batch.mask
-        prompt_len, width = ids.shape[1], ids.shape[1] + self.config.rollout.max_new_tokens
+        prompt_len, width = ids.shape[1], ids.shape[1] + self.config.rollout.episode_tokens
         stats = {"generationSeconds": 0.0, "generatedTokens": 0, "reshardSeconds": 0.0}
+        multi_turn = self.config.rollout.multi_turn
         packed = None
         if "actor" in self.groups.here:
             packed = self._generate_share(ids, mask, width, step, stats)
-        packed = self.groups.broadcast(packed, "actor", (len(prompt_index), 2, width), torch.long)
+        packed = self.groups.broadcast(packed, "actor", (len(prompt_index), 3 if multi_turn else 2, width), torch.long)
         sequences, attention = packed[:, 0], packed[:, 1]
         # Trim response columns no row used (every rank computes the same width).
         response = attention[:, prompt_len:]
         used = int(response.sum(dim=0).nonzero().max()) + 1 if response.any() else 1
         keep = prompt_len + used
-        rollout = Rollout(sequences[:, :keep].contiguous(), attention[:, :keep].contiguous(), prompt_len, prompt_index)
+        policy = packed[:, 2, :keep].contiguous() if multi_turn else None
+        rollout = Rollout(sequences[:, :keep].contiguous(), attention[:, :keep].contiguous(), prompt_len, prompt_index,
+                          policy)
         return rollout, stats

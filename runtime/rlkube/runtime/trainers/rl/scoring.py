@@ -57,7 +57,10 @@ def response_logprobs(model: torch.nn.Module, rollout: Rollout, batches: list[to
     with evaluating(model):
         for batch in batches:
             seq, att, host = rollout.on_device(batch, device)
-            logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :], host_mask=host)
+            # at the policy's tokens only: a multi-turn episode's tool tokens get 0, as the actor's
+            # own log-probs do there, so no ratio or KL term of a tool token is ever computed
+            logps, _ = model(seq, att, rollout.prompt_len, att[:, rollout.prompt_len :],
+                             host_mask=rollout.policy_host(batch, host))
             out.append(to_response_width(logps, rollout))
     return in_row_order(out, batches, first_row)  # on the device: the caller waits once (Scorer.score)
 
@@ -94,7 +97,8 @@ class Scorer:
         eos, pad = self.tokenizer.eos_id, self.tokenizer.pad_id
         prompts, completions = [], []
         for r in range(rollout.rows)[rows]:
-            ids = rollout.sequences[r, rollout.prompt_len :][rollout.response_mask[r].bool()].tolist()
+            # the whole response: a multi-turn episode's tool turns too (what the policy saw)
+            ids = rollout.sequences[r, rollout.prompt_len :][rollout.episode_mask[r].bool()].tolist()
             completions.append(self.tokenizer.decode([t for t in ids if t not in (eos, pad)]))
             prompts.append(data.texts[rollout.prompt_index[r]])
         return prompts, completions

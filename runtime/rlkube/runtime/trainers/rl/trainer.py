@@ -64,6 +64,7 @@ from rlkube.runtime.trainers.rl.budgets import RLBudgets
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes, ToolStats, record_fields
 from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWorker, fixed_prompt_width
 from rlkube.runtime.trainers.rl.scoring import Scorer
 from rlkube.runtime.trainers.rl.update import PassTotals
@@ -90,9 +91,10 @@ class RLTrainer(Trainer):
         self.rows = cfg.batching.global_batch * self.group_size
         self._check_divisible()
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
-        data = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.max_new_tokens)
+        # A prompt leaves room for the longest response: one completion, or a multi-turn episode.
+        data = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.episode_tokens)
         self.data, eval_data = split_eval(
-            cfg.data, data, lambda spec: load_prompt_data(spec, self.tokenizer, cfg.rollout.max_new_tokens))
+            cfg.data, data, lambda spec: load_prompt_data(spec, self.tokenizer, cfg.rollout.episode_tokens))
         try:
             sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
         except ValueError as e:
@@ -108,12 +110,14 @@ class RLTrainer(Trainer):
         self._build_workers()
         sampling = SamplingParams.from_rollout(cfg.rollout, self.tokenizer.eos_id, self.tokenizer.pad_id)
         engine = self.actor.engine if self.actor else None
+        # rollout.maxTurns > 1: the actor plays each prompt out as an episode with tools (multi_turn.py)
+        self.episodes = MultiTurnEpisodes(cfg, self.tokenizer, engine) if engine and cfg.rollout.multi_turn else None
         self.rollout = RolloutWorker(cfg, self.groups, self.data, sampler, sampling, self.tokenizer.pad_id,
-                                     self.group_size, engine, self.sync, prompt_width)
+                                     self.group_size, engine, self.sync, prompt_width, self.episodes)
         self.estimate = get_adv_estimator(self.algorithm.advantage_estimator)
         self.evaluator = None if eval_data is None else GreedyEvaluator(
             cfg, self.groups, eval_data, self.scorer, engine, self.tokenizer.eos_id, self.tokenizer.pad_id,
-            self.rows, self.sync)
+            self.rows, self.sync, self.episodes)
         self._prompt_stream = None  # (step, PromptBatch) from the prefetch thread, from the first step on
 
     def _build_workers(self) -> None:
@@ -288,7 +292,10 @@ class RLTrainer(Trainer):
         gen_seconds, reshard_seconds = all_reduce_max(
             ctx, [gen_stats["generationSeconds"], gen_stats["reshardSeconds"]]
         )
-        mask = rollout.response_mask.float()
+        mask = rollout.response_mask.float()  # the policy's tokens (multi-turn: no tool tokens)
+        if rollout.policy_mask is not None and bool(rollout.trained_rows.any()):
+            # episodes masked out after a failed tool call are counted (toolCallFailures), not scored
+            mask, scores = mask[rollout.trained_rows], scores[rollout.trained_rows]
         rec = {
             "event": "step", "algorithm": self.algorithm.name, "step": step + 1, "lr": lr,
             "rewardMean": float(scores.mean()), "rewardStd": float(scores.std()) if scores.numel() > 1 else 0.0,
@@ -312,8 +319,10 @@ class RLTrainer(Trainer):
             rec["decodeRowOccupancy"] = round(gen_stats["decodeRowOccupancy"], 4)
         if "decodeCaptureSeconds" in gen_stats:  # > 0 after the first step: graphs re-captured
             rec["decodeCaptureSeconds"] = gen_stats["decodeCaptureSeconds"]
-        if self.algorithm.grouped:
+        if self.algorithm.grouped and scores.numel() == rollout.rows:
             rec["groupsWithSignal"] = fraction_of_groups_with_signal(scores, self.group_size)
+        if self.config.rollout.multi_turn:  # every rank takes part: the sums are over the actor's ranks
+            rec.update(record_fields(all_reduce_sum(ctx, gen_stats.get("tools", ToolStats()).fields())))
         return rec
 
     def _loss_terms(self, trained: dict[str, PassTotals]) -> dict[str, float]:

@@ -67,8 +67,9 @@ class RoleWorker:
 
     def micro_loss(self, seq: torch.Tensor, att: torch.Tensor, idx: torch.Tensor, rollout: Rollout,
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of the rows `idx` of the rollout (on the device as `seq`, `att`; `host` is `att`'s
-        host copy, for what must be known without waiting for the device) and its terms (detached
+        """The loss of the rows `idx` of the rollout (on the device as `seq`, `att`; `host` is the
+        host copy of their mask of trained tokens, for what must be known without waiting for the
+        device: `att` itself, less the tool turns of multi-turn episodes) and its terms (detached
         0-dim tensors)."""
         raise NotImplementedError
 
@@ -139,9 +140,10 @@ class RoleWorker:
             if sync is not None:
                 sync(k == len(micro) - 1)  # reduce-scatter once, after the last micro-batch
             seq, att, host = rollout.on_device(idx, device)
-            tokens = float(host[:, rollout.prompt_len :].sum())
-            weight = self.aggregation.weight(host[:, rollout.prompt_len :])
-            loss, metrics = self.micro_loss(seq, att, idx, rollout, scored, adv, host)
+            trained = rollout.policy_host(idx, host)  # the policy's tokens only (multi-turn)
+            tokens = float(trained[:, rollout.prompt_len :].sum())
+            weight = self.aggregation.weight(trained[:, rollout.prompt_len :])
+            loss, metrics = self.micro_loss(seq, att, idx, rollout, scored, adv, trained)
             # the aggregate over the mini-batch of all ranks; FSDP divides gradients by the group size
             (loss * (weight / mini_weight * len(ranks))).backward()
             weighted[""].append(loss.detach().double() * weight)

@@ -1,0 +1,86 @@
+"""The tool-executor seam: what answers a policy's tool call inside an episode.
+
+`ToolExecutor.step(episode_id, call) -> ToolResult` is the whole protocol. `episode_id` names one
+episode (one row of one rollout) for executors that keep state per episode (an environment
+service's sandbox); `call` is the parsed call. The result's `text` is appended to the conversation
+as a tool turn; `done` ends the episode at the call (no turn of the policy would read the text,
+so it is not appended); `ok` False says the
+executor failed (a timeout, a crash of its own, a call that still failed after the executor's own
+retries) rather than the policy: such an episode is masked out of the loss and counted, never
+scored as 0, since its reward would say nothing about the policy.
+
+A call the policy got wrong (an unknown tool, bad arguments) is not a failure: the executor
+answers it with an error message as `text` (ok stays True), and the policy learns from the reward.
+
+`FunctionTools` is the in-process executor: a Python function `function(name, arguments) -> str |
+ToolResult` named in the config as 'package.module:function' (`rollout.tools.function`), as a
+rule-based reward is (`roles.reward.function`). An exception it raises is a failed call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call as the policy wrote it: the tool's name, its arguments and the raw text
+    between the tags."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer: `text` (appended as the tool turn), `done` (end the episode at the call),
+    `ok` (False: the executor failed; the episode is masked out of the loss and counted)."""
+
+    text: str
+    done: bool = False
+    ok: bool = True
+
+
+class ToolExecutor(Protocol):
+    """Answers the tool calls of episodes."""
+
+    def step(self, episode_id: str, call: ToolCall) -> ToolResult: ...
+
+
+ToolFunction = Callable[[str, dict], "str | ToolResult"]
+
+
+class FunctionTools:
+    """A `ToolExecutor` from an in-process function(name, arguments) -> str | ToolResult."""
+
+    def __init__(self, function: ToolFunction) -> None:
+        self.function = function
+
+    def step(self, episode_id: str, call: ToolCall) -> ToolResult:
+        try:
+            out = self.function(call.name, call.arguments)
+        except Exception as e:  # the tool's own failure, not the policy's: masked out, counted
+            return ToolResult(text=f"{type(e).__name__}: {e}", ok=False)
+        if isinstance(out, ToolResult):
+            return out
+        if not isinstance(out, str):
+            return ToolResult(text=f"rollout.tools.function returned {type(out).__name__}, not str", ok=False)
+        return ToolResult(text=out)
+
+
+def load_tool_executor(path: str) -> FunctionTools:
+    """The in-process executor of the function named by 'package.module:function'; ValueError
+    naming rollout.tools.function when it cannot be found."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"rollout.tools.function: cannot import module {module_name!r}: {e}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"rollout.tools.function: {module_name!r} has no callable {attr!r}")
+    return FunctionTools(fn)

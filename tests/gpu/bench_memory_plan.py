@@ -92,7 +92,7 @@ def case_config(name: str, args, work: Path) -> dict:
         model["lora"] = {"rank": 16, "alpha": 32, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     common = {"model": model, "training": {"steps": steps, "lr": 1e-6, "seed": 0},
               "checkpoint": {"dir": str(work / "ckpt"), "everySteps": args.every, "keep": 1},
-              "progressPort": 0, "outputDir": str(work / "out"), "batching": {"memoryFraction": args.fraction}}
+              "progressPort": 0, "outputDir": str(work / "out"), "batching": {"memoryFraction": args.plan_fraction}}
     if algorithm == "dpo":
         longest = 128 if args.tiny else s["longest"]
         return {**common, "algorithm": "dpo",
@@ -174,10 +174,25 @@ def run_case(name: str, args) -> dict:
             "tokenBudgets": sorted({r["tokenBudget"] for r in steps if "tokenBudget" in r}),
             "decodeRows": sorted({r["decodeRows"] for r in steps if "decodeRows" in r}),
             "stepSecondsAll": [r["seconds"] for r in steps],
+            "stepRecords": steps,
         }
+        if args.scale != 1.0:  # planned as on a smaller card: the peaks as fractions of that card too
+            result |= {"asCardGiB": args.as_card_gib, "cardGiB": round(args.card_gib, 1),
+                       "memoryFraction": args.plan_fraction,
+                       "peakMemorySmiOfAsCard": round((result.get("peakMemorySmi") or 0) * args.scale, 4),
+                       "peakReservedOfAsCard": round(result["peakReservedFraction"] * args.scale, 4)}
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def card_gib(gpu: str) -> float | None:
+    """The card's memory in GiB (nvidia-smi), None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", "-i", gpu, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout.strip()
+    return int(out) / 1024 if out.isdigit() else None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -188,6 +203,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lora-steps", type=int, default=10)
     ap.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
     ap.add_argument("--fraction", type=float, default=0.9, help="batching.memoryFraction")
+    ap.add_argument("--as-card-gib", type=float, default=None,
+                    help="plan as on a card of this many GiB (e.g. 80 on an H200): memoryFraction becomes "
+                         "fraction x GIB / the card's memory, and peaks are also given as fractions of GIB")
     ap.add_argument("--runtime", default=None, help="another checkout's runtime/ folder (a before run)")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape and small batches (dry run)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: run on CPU, no nvidia-smi")
@@ -198,6 +216,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     steps, lora_steps = (3, 3) if args.tiny else (args.steps, args.lora_steps)
     args.steps_of = lambda algorithm: steps
+    args.card_gib = None if args.cpu else card_gib(args.gpu)
+    args.scale = args.card_gib / args.as_card_gib if args.as_card_gib and args.card_gib else 1.0
+    args.plan_fraction = round(args.fraction / args.scale, 4)
     args.steps_for = {name: (lora_steps if CASES[name][2].get("lora") else steps) for name in CASES}
     return args
 
@@ -216,7 +237,7 @@ def main(argv=None) -> int:
         result["caseWallSeconds"] = round(time.time() - t0, 1)
         print(json.dumps(result), flush=True)
         results.append(result)
-    cols = ("case", "exit", "busy", "peakMemorySmi", "peakReservedFraction", "tokensPerSecondPerGpu", "stepSeconds",
+    cols = ("case", "exit", "busy", "peakMemorySmi", "peakReservedFraction", "peakMemorySmiOfAsCard", "tokensPerSecondPerGpu", "stepSeconds",
             "oomRetriesByStep", "decodeCaptureSeconds", "tokenBudgets", "decodeRows")
     print(" | ".join(cols))
     for r in results:

@@ -22,6 +22,7 @@ from rlkube.runtime.contract import algorithm_settings, config
 from rlkube.runtime.contract.config import (
     BatchingSpec,
     DataSpec,
+    EnvironmentSpec,
     ModelSpec,
     RoleSpec,
     RolesSpec,
@@ -47,6 +48,8 @@ def _role(rng: random.Random, name: str) -> RoleSpec:
     )
     if rng.random() < 0.2:
         fields["function"] = REWARD_FUNCTION
+    if rng.random() < 0.15:
+        fields["remote"] = rng.random() < 0.8
     if rng.random() < 0.2:
         source = {"path": "/models/m"} if rng.random() < 0.5 else {"config": _model_config(rng)}
         fields["model"] = {**source, **({"lora": {}} if rng.random() < 0.4 else {})}
@@ -61,9 +64,11 @@ def _model_config(rng: random.Random) -> dict:
 
 def _roles(rng: random.Random, colocation: float) -> RolesSpec:
     actor = RoleSpec(gpus=rng.choice([0, 1, 2, 3, 4])) if rng.random() < 0.9 else _role(rng, "actor")
-    others = {name: _role(rng, name) for name in ROLE_NAMES[1:] if rng.random() < 0.55}
-    for role in others.values():  # fewer colocation chains where the spec-wide rules are the subject
-        if role.colocate_with is not None and rng.random() > colocation:
+    others: dict[str, Any] = {name: _role(rng, name) for name in ROLE_NAMES[1:] if rng.random() < 0.55}
+    if rng.random() < 0.3:
+        others["environment"] = EnvironmentSpec(image="env:dev", replicas=rng.choice([1, 2]))
+    for name, role in others.items():  # fewer colocation chains where the spec-wide rules are the subject
+        if name != "environment" and role.colocate_with is not None and rng.random() > colocation:
             role.colocate_with, role.gpus = None, rng.choice([0, 1, 2])
     return RolesSpec.model_construct(actor=actor, **others)
 

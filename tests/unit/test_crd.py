@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from crd_checker import evaluate
 from pydantic import BaseModel, Field
 
 from rlkube.operator import api
@@ -162,9 +163,11 @@ def test_cel_rules_cover_cross_field_rules_and_immutability(root_schema):
     spec_rules = " ".join(rule["rule"] for rule in spec["x-kubernetes-validations"])
     for fragment in ("% (has(self.placement)", "has(self.roles.critic)", "has(self.roles.reward)", ">= 1"):
         assert fragment in spec_rules
-    for field in ("algorithm", "model", "roles"):
+    for field in ("algorithm", "model"):
         rules = [rule["rule"] for rule in spec["properties"][field]["x-kubernetes-validations"]]
         assert "self == oldSelf" in rules, field
+    # roles: immutable but for the environment's replicas (test_roles_immutable_but_environment_replicas)
+    assert any("oldSelf.actor" in rule["rule"] for rule in spec["properties"]["roles"]["x-kubernetes-validations"])
     roles = spec["properties"]["roles"]
     messages = " ".join(rule["message"] for rule in roles["x-kubernetes-validations"])
     assert "no cycles" in messages and "must name a role that is set" in messages
@@ -243,3 +246,22 @@ class _Undescribed(BaseModel):
 def test_generator_refuses_unbounded_or_non_structural_types(model, fragment):
     with pytest.raises(crd.SchemaError, match=fragment):
         crd._Converter(model).convert_root(model.__name__)
+
+
+def test_roles_immutable_but_environment_replicas(root_schema):
+    """Scaling the environment passes the roles' update rule; changing a GPU role, adding or
+    removing the environment, or changing its image does not."""
+    roles = root_schema["properties"]["spec"]["properties"]["roles"]
+    (update,) = [r["rule"] for r in roles["x-kubernetes-validations"] if "oldSelf" in r["rule"]]
+    image_rule = roles["properties"]["environment"]["properties"]["image"]["x-kubernetes-validations"][0]["rule"]
+    old = {"actor": {"gpus": 1}, "reward": {"gpus": 0, "remote": True},
+           "environment": {"image": "env:1", "replicas": 2}}
+
+    def allowed(new: dict) -> bool:
+        return evaluate(update, {"self": new, "oldSelf": old})
+
+    assert allowed({**old, "environment": {"image": "env:1", "replicas": 5}})
+    assert not allowed({**old, "actor": {"gpus": 2}})
+    assert not allowed({"actor": {"gpus": 1}, "reward": {"gpus": 0, "remote": True}})
+    assert not allowed({**old, "critic": {"gpus": 1}})
+    assert not evaluate(image_rule, {"self": "env:2", "oldSelf": "env:1"})

@@ -27,6 +27,8 @@ from rlkube.runtime.contract.sections import (
     ROLE_SOURCE,
     ROLES_RULES,
 )
+from rlkube.runtime.contract.sections.environment_spec import ENVIRONMENT_FIELDS_IMMUTABLE
+from rlkube.runtime.contract.spec import ROLE_NAMES
 from rlkube.runtime.contract.vocab import BYTE_TOKENIZER, BYTE_VOCAB_SIZE, VOCAB_SIZE
 
 # On every integer field of the spec. The API server's schema check takes a float with no
@@ -38,6 +40,18 @@ INTEGER_CEL = [rule("self == self", "must be an integer (not a float such as 2.0
 
 def immutable(field: str) -> list[dict]:
     return [rule("self == oldSelf", f"{field} is immutable: it defines the run; create a new RLTrainingJob instead")]
+
+
+def roles_immutable() -> list[dict]:
+    """The roles are immutable but for the environment's replicas (scaling it on a running job): the
+    GPU roles and whether there is an environment are compared here, the environment's other
+    fields each by its own rule (`FIELD_RULES`)."""
+    same = ["self.actor == oldSelf.actor", "has(self.environment) == has(oldSelf.environment)"]
+    same += [f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
+             for name in ROLE_NAMES if name != "actor"]
+    return [rule(" && ".join(f"({each})" for each in same),
+                 "roles is immutable except roles.environment.replicas: it defines the run; create a new "
+                 "RLTrainingJob instead")]
 
 
 # -- model types ----------------------------------------------------------------------------------
@@ -95,7 +109,8 @@ MODEL_RULES: dict[str, list[dict]] = {
 FIELD_RULES: dict[tuple[str, str], list[dict]] = {
     ("RLTrainingJobSpec", "algorithm"): immutable("algorithm"),
     ("RLTrainingJobSpec", "model"): immutable("model"),
-    ("RLTrainingJobSpec", "roles"): immutable("roles"),
+    ("RLTrainingJobSpec", "roles"): roles_immutable(),
+    **{("EnvironmentSpec", wire): immutable(f"roles.environment.{wire}") for wire in ENVIRONMENT_FIELDS_IMMUTABLE},
     ("RLTrainingJobSpec", "volumes"): VOLUMES_CEL,
     ("RLTrainingJobSpec", "nodeSelector"): NODE_SELECTOR_CEL,
     ("RunPolicySpec", "failOnExitCodes"): FAIL_ON_EXIT_CODES_CEL,

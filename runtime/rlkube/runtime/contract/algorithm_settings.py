@@ -8,7 +8,8 @@ spec object) refuses it at admission. Messages are relative to the spec ('traini
 The rules:
 - Which roles an algorithm takes (`ALGORITHM_ROLES`): only PPO has a critic and needs one;
   PPO/GRPO need a reward role, DPO/KTO learn from fixed data and refuse one. (Which role takes a
-  function, and the reward role's source, are `roles_spec.SOURCE_RULES`, reported with these.)
+  function, and the reward role's source, are `roles_spec.SOURCE_RULES`, reported with these; that
+  only PPO/GRPO take an environment and that a remote reward needs one, `ENVIRONMENT_RULES`.)
 - PPO/GRPO with training.kl > 0 need a reference role (the trainer would have nothing to take
   the KL to). DPO never reads training.kl.
 - PPO/GRPO with training.kl > 0 refuse klEstimator k1 where the KL is a loss term (GRPO always,
@@ -47,6 +48,7 @@ from rlkube.runtime.contract.data_size import SAMPLES_PER_STEP
 from rlkube.runtime.contract.multi_turn import MULTI_TURN_RULES
 from rlkube.runtime.contract.rule import Rule, problems, when
 from rlkube.runtime.contract.sections import (
+    ENVIRONMENT_RULES,
     BatchingSpec,
     DataSpec,
     RolesSpec,
@@ -287,8 +289,8 @@ DPO_ONLY_FIELDS: tuple[DpoOnlyField, ...] = (
 
 # Every rule on the spec the trainer applies too, in the order they are reported.
 SPEC_RULES: tuple[Rule, ...] = (
-    *ALGORITHM_ROLES, *roles_spec.SOURCE_RULES, *VOCAB_RULES, *SETTINGS, *MULTI_TURN_RULES, SAMPLES_PER_STEP,
-    *BATCH_SPLIT,
+    *ALGORITHM_ROLES, *roles_spec.SOURCE_RULES, *ENVIRONMENT_RULES, *VOCAB_RULES, *SETTINGS, *MULTI_TURN_RULES,
+    SAMPLES_PER_STEP, *BATCH_SPLIT,
     *(field.rule() for field in DPO_ONLY_FIELDS),
 )
 

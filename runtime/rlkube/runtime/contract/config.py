@@ -32,6 +32,7 @@ from rlkube.runtime.contract.sections import (
     CheckpointSpec,
     DataFields,
     DataSpec,
+    EnvironmentSpec,
     ExportSpec,
     LoraSpec,
     ModelSpec,
@@ -46,8 +47,9 @@ from rlkube.runtime.contract.spec import MAX_NAME_LEN, MAX_PATH_LEN, ROLE_NAMES,
 
 __all__ = [
     "EVAL_SOURCE", "MAX_NAME_LEN", "MAX_PATH_LEN", "MICRO_BATCH_BOUNDS", "MODEL_SOURCE", "ROLE_NAMES", "ROLE_SOURCE",
-    "BatchingSpec", "CheckpointSpec", "DataFields", "DataSpec", "ExportSpec", "LoraSpec", "ModelSpec", "RoleSpec",
-    "RolesSpec", "RolloutSpec", "RunSections", "RuntimeConfig", "ToolsSpec", "TrainingSpec", "device_map",
+    "BatchingSpec", "CheckpointSpec", "DataFields", "DataSpec", "EnvironmentSpec", "ExportSpec", "LoraSpec",
+    "ModelSpec", "RoleSpec", "RolesSpec", "RolloutSpec", "RunSections", "RuntimeConfig", "ToolsSpec", "TrainingSpec",
+    "device_map",
 ]
 
 
@@ -69,7 +71,8 @@ class RunSections(Spec):
     model: ModelSpec = Field(description="The actor's model (the one being trained). Immutable.")
     roles: RolesSpec = Field(
         description="The job's roles and their device groups: each role has GPUs of its own or "
-        "colocates with another role. Immutable."
+        "colocates with another role, and the environment service. Immutable, except "
+        "roles.environment.replicas."
     )
     data: DataSpec = Field(description="Training data (preference pairs for dpo, prompts for ppo/grpo).")
     batching: BatchingSpec = Field(default_factory=BatchingSpec, description="Batch sizing.")

@@ -1,5 +1,6 @@
 """The sections of a run's spec, a module each, every section with its own rules beside it:
-`model_spec` (and LoRA), `roles_spec` (the roles, their rules and `device_map`), `data_spec`,
+`model_spec` (and LoRA), `roles_spec` (the roles, their rules and `device_map`), `environment_spec`
+(the environment service of `roles.environment`), `data_spec`,
 `batching_spec`, `training_spec`, `rollout_spec`, `checkpoint_spec` and `export_spec`.
 
 `contract.config` puts them together into `RunSections`, the one declaration of the sections
@@ -14,6 +15,7 @@ from __future__ import annotations
 from rlkube.runtime.contract.sections.batching_spec import MICRO_BATCH_BOUNDS, BatchingSpec
 from rlkube.runtime.contract.sections.checkpoint_spec import CheckpointSpec
 from rlkube.runtime.contract.sections.data_spec import EVAL_SOURCE, DataFields, DataSpec
+from rlkube.runtime.contract.sections.environment_spec import ENVIRONMENT_RULES, EnvironmentSpec
 from rlkube.runtime.contract.sections.export_spec import ExportSpec
 from rlkube.runtime.contract.sections.model_spec import MODEL_SOURCE, LoraSpec, ModelSpec
 from rlkube.runtime.contract.sections.roles_spec import (
@@ -27,8 +29,8 @@ from rlkube.runtime.contract.sections.rollout_spec import RolloutSpec, ToolsSpec
 from rlkube.runtime.contract.sections.training_spec import REPORT_TO_RULES, TRACKER_NAMES, TrainingSpec
 
 __all__ = [
-    "EVAL_SOURCE", "MICRO_BATCH_BOUNDS", "MODEL_SOURCE", "REPORT_TO_RULES", "ROLES_RULES", "ROLE_SOURCE",
-    "TRACKER_NAMES", "BatchingSpec",
+    "ENVIRONMENT_RULES", "EVAL_SOURCE", "EnvironmentSpec", "MICRO_BATCH_BOUNDS", "MODEL_SOURCE", "REPORT_TO_RULES",
+    "ROLES_RULES", "ROLE_SOURCE", "TRACKER_NAMES", "BatchingSpec",
     "CheckpointSpec", "DataFields", "DataSpec", "ExportSpec", "LoraSpec", "ModelSpec", "RoleSpec", "RolesSpec",
     "RolloutSpec", "ToolsSpec", "TrainingSpec", "device_map",
 ]

@@ -7,7 +7,8 @@ job in `rlkube validate` and the operator, its CEL half goes into the CRD
 `ROLES_RULES` on the roles object (`RolesSpec`'s validator; messages relative to the roles,
 'critic.colocateWith: ...': the actor's own GPUs, colocation chains, adapters only on the actor);
 `SOURCE_RULES` sit on the spec (messages relative to the spec, 'roles.critic.function: ...': a
-function only on the reward role, and the reward role's one source), so that they are reported
+function or remote only on the reward role, and the reward role's one source: function, model or
+remote), so that they are reported
 together with the other rules across sections (`algorithm_settings`) and a `RolesSpec` alone may
 hold a reward role still to be given its source (placement's tests build such). Each names its
 field by `field_path`, so both doors report `spec.roles.critic.colocateWith`. Which roles an
@@ -21,6 +22,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from rlkube.runtime.contract.rule import Rule, when
+from rlkube.runtime.contract.sections.environment_spec import EnvironmentSpec
 from rlkube.runtime.contract.sections.model_spec import ModelSpec
 from rlkube.runtime.contract.spec import MAX_PATH_LEN, ROLE_NAMES, Spec
 
@@ -131,17 +133,41 @@ def _function(name: str) -> Rule:
     )
 
 
+def _remote(name: str) -> Rule:
+    guard = "" if name == "actor" else f"!has(self.roles.{name}) || "
+    return Rule(
+        f"roles.{name}.remote: only the reward role scores through the environment",
+        f"{guard}!has(self.roles.{name}.remote) || !self.roles.{name}.remote",
+        lambda spec: when((role := getattr(spec.roles, name)) is not None and bool(role.remote)),
+        f".roles.{name}.remote",
+    )
+
+
+def reward_sources(role: Any) -> list[str]:
+    """The reward sources `role` sets, by wire name: function, model, remote (none for no role)."""
+    if role is None:
+        return []
+    return [wire for wire, value in (("function", role.function), ("model", role.model), ("remote", role.remote))
+            if value]
+
+
+_IS_REMOTE = "(has(self.roles.reward.remote) && self.roles.reward.remote)"
+_SOURCE_COUNT = (f"((has(self.roles.reward.function) ? 1 : 0) + (has(self.roles.reward.model) ? 1 : 0) + "
+                 f"({_IS_REMOTE} ? 1 : 0))")
+
 SOURCE_RULES: tuple[Rule, ...] = (
     *(_function(name) for name in ROLE_NAMES if name != "reward"),
+    *(_remote(name) for name in ROLE_NAMES if name != "reward"),
     # There is no default reward: the actor's model has no reward head to fall back on.
-    Rule("roles.reward: set model or function, not both",
-         "!has(self.roles.reward) || !has(self.roles.reward.function) || !has(self.roles.reward.model)",
-         lambda spec: when(spec.roles.reward is not None and spec.roles.reward.function is not None
-                           and spec.roles.reward.model is not None), ".roles.reward"),
-    Rule("roles.reward: set function (a rule-based reward, 'package.module:function') or model (a reward model)",
-         "!has(self.roles.reward) || has(self.roles.reward.function) || has(self.roles.reward.model)",
-         lambda spec: when(spec.roles.reward is not None and spec.roles.reward.function is None
-                           and spec.roles.reward.model is None, "; it has neither"), ".roles.reward"),
+    Rule("roles.reward: set one of function, model and remote, not several",
+         f"!has(self.roles.reward) || {_SOURCE_COUNT} <= 1",
+         lambda spec: when(spec.roles.reward is not None and len(reward_sources(spec.roles.reward)) > 1,
+                           f"; it has {', '.join(reward_sources(spec.roles.reward))}"), ".roles.reward"),
+    Rule("roles.reward: set function (a rule-based reward, 'package.module:function'), model (a reward model) "
+         "or remote: true (score through roles.environment)",
+         f"!has(self.roles.reward) || {_SOURCE_COUNT} >= 1",
+         lambda spec: when(spec.roles.reward is not None and not reward_sources(spec.roles.reward),
+                           "; it has none"), ".roles.reward"),
 )
 
 
@@ -177,6 +203,12 @@ class RoleSpec(Spec):
         description="Reward role only: import path 'package.module:function' of a rule-based reward "
         "function(prompt: str, completion: str) -> float, used instead of a reward model.",
     )
+    remote: bool | None = Field(
+        default=None,
+        description="Reward role only: true scores every completion through the job's environment "
+        "(roles.environment, POST /v1/score) instead of a function or a model. A call that still fails "
+        "after its retries leaves its completion out of the loss; it is never scored as 0.",
+    )
 
 
 
@@ -192,6 +224,12 @@ class RolesSpec(Spec):
     )
     reference: RoleSpec | None = Field(
         default=None, description="Frozen reference policy for the KL term (DPO, PPO, GRPO)."
+    )
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="An environment service of CPU pods (a Deployment and a Service) that scores "
+        "completions (roles.reward.remote) and serves episodes, speaking the protocol of "
+        "docs/environments.md (PPO, GRPO). It has no GPUs and is not in the device map.",
     )
 
     def present(self) -> dict[str, RoleSpec]:

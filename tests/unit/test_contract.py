@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rltj_builders import spec
+from rltj_builders import ROLES, spec
 
 from rlkube.operator import render
 from rlkube.operator.api import ProgressStatus, parse_spec
@@ -27,8 +27,10 @@ CONTRACT = RUNTIME / "contract"
 
 
 def rendered_pods() -> list[dict]:
-    """The two pods of a PPO job: actor+reference [0, 1] on one, critic [2] and reward [3] on the other."""
-    job_spec = parse_spec(spec("ppo", placement={"gpusPerPod": 2}))
+    """The two pods of a PPO job: actor+reference [0, 1] on one, critic [2] and reward [3] on the other;
+    the job has an environment (its URL is set on the trainer pods)."""
+    roles = {**ROLES["ppo"], "environment": {"image": "localhost/rlkube/environment:dev"}}
+    job_spec = parse_spec(spec("ppo", placement={"gpusPerPod": 2}, roles=roles))
     placement = Placement(
         pods=(PodPlan(0, "gpu-a", (0, 1), ("actor", "reference")), PodPlan(1, "gpu-b", (2, 3), ("critic", "reward"))),
         device_map={"actor": [0, 1], "critic": [2], "reward": [3], "reference": [0, 1]},

@@ -213,6 +213,16 @@ class SummaryStatus(Status):
     )
 
 
+class EnvironmentStatus(Status):
+    """The environment service (roles.environment), as its Deployment reports it."""
+
+    replicas: int = Field(ge=0, le=1000, description="Replicas asked for (0 once the job finished).")
+    ready_replicas: int = Field(
+        default=0, ge=0, le=1000, description="Replicas ready to take calls (the Deployment's readyReplicas)."
+    )
+    url: str = Field(max_length=512, description="Where the trainers reach it (RLKUBE_ENVIRONMENT_URL).")
+
+
 class RLTrainingJobStatus(Status):
     """Observed state of the job, written by the operator."""
 
@@ -244,6 +254,9 @@ class RLTrainingJobStatus(Status):
     summary: SummaryStatus | None = Field(
         default=None, description="The run's summary once it succeeded: steps, tokens, wall and training "
         "time, tokens per second per GPU, GPU busy, peak memory, the last checkpoint and the export."
+    )
+    environment: EnvironmentStatus | None = Field(
+        default=None, description="The environment service's replicas and URL (jobs with roles.environment)."
     )
     restarts: int = Field(
         default=0, ge=0, description="Gang restarts so far after retriable failures (counted against "

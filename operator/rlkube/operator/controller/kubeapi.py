@@ -64,6 +64,22 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# The namespaced kinds `KubeAPI.create` and `get` take, by their collection's name.
+PATHS = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Event": "events",
+    "Deployment": "deployments",
+}
+
+
+def collection(kind: str, namespace: str) -> str:
+    """The API path of a namespaced kind's collection (Deployments are apps/v1, the rest core)."""
+    prefix = "/apis/apps/v1" if kind == "Deployment" else "/api/v1"
+    return f"{prefix}/namespaces/{quote(namespace)}/{PATHS[kind]}"
+
+
 class KubeAPI:
     """A minimal JSON client of one API server."""
 
@@ -218,17 +234,11 @@ class KubeAPI:
     def list_nodes(self) -> list[dict]:
         return self.request("GET", "/api/v1/nodes").get("items") or []
 
-    _PATHS = {
-        "Pod": "pods",
-        "Service": "services",
-        "ConfigMap": "configmaps",
-        "Event": "events",
-    }
 
     def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create a namespaced core object; False when one of that name exists already."""
+        """Create a namespaced core object (or a Deployment); False when one of that name exists already."""
         namespace = obj["metadata"]["namespace"]
-        path = f"/api/v1/namespaces/{quote(namespace)}/{self._PATHS[obj['kind']]}"
+        path = collection(obj["kind"], namespace)
         try:
             self.request("POST", path, body=obj, query={"fieldManager": FIELD_MANAGER})
         except ApiError as exc:
@@ -239,7 +249,7 @@ class KubeAPI:
 
     def get(self, kind: str, namespace: str, name: str) -> dict | None:
         try:
-            return self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/{self._PATHS[kind]}/{quote(name)}")
+            return self.request("GET", f"{collection(kind, namespace)}/{quote(name)}")
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -379,3 +389,10 @@ def delete_configmap(api: KubeAPI, namespace: str, name: str) -> None:
     except ApiError as exc:
         if exc.status != 404:
             raise
+
+
+def scale_deployment(api: KubeAPI, namespace: str, name: str, replicas: int) -> None:
+    """Set a Deployment's replicas (a job's environment, scaled with its spec)."""
+    api.request("PATCH", f"{collection('Deployment', namespace)}/{quote(name)}",
+                body={"spec": {"replicas": replicas}}, content_type="application/merge-patch+json",
+                query={"fieldManager": FIELD_MANAGER})

@@ -63,8 +63,16 @@ RULES: tuple[Rule, ...] = (
         "with test ops: only that attempt's pod, only that gate)",
     }),
     Rule("", "services", "watched", {
-        "create": "the headless Service that gives each pod a DNS name for torch rendezvous "
-        "(AlreadyExists counts as done: its name is deterministic)",
+        "create": "the headless Service that gives each pod a DNS name for torch rendezvous, and the "
+        "Service in front of a job's environment (AlreadyExists counts as done: their names are deterministic)",
+    }),
+    Rule("apps", "deployments", "watched", {
+        "get": "a job's environment (roles.environment): its ready replicas for status.environment, and "
+        "whether its replicas match the spec",
+        "create": "a job's environment runs as a Deployment owned by the job (removed with it by "
+        "ownerReference GC)",
+        "patch": "scaling the environment when roles.environment.replicas changes, and to 0 once the job "
+        "finished",
     }),
     Rule("", "configmaps", "watched", {
         "get": "when the ConfigMap (or checkpoint record) exists already, comparing its data with the new one",

@@ -10,7 +10,9 @@ operator) only when the decision needs it, and applies the decision in the order
    in the same reconcile (lifecycle/rejection.py);
 2. a queued job's Kueue Workload: created, or its status written (release, finish);
    then pod deletions (grace 0 for pods stranded on a lost node);
-3. creations (AlreadyExists is success: names are deterministic);
+3. creations (AlreadyExists is success: names are deterministic); a job's environment
+   (roles.environment: a Deployment and a Service) is made, scaled and reported before the status
+   write (environment_sync.py);
 4. gate removals (JSON patch with `test` ops: only that attempt's pod, only our gate);
 5. Events (in the background); 6. deleting the job itself (ttlSecondsAfterFinished, with a uid precondition).
 """
@@ -30,6 +32,7 @@ from rlkube.operator import render
 from rlkube.operator.api import API_VERSION, KIND
 from rlkube.operator.api.observed import GANG_GATE, LABEL_JOB, JobView, gang_gated, owned_by, pod_views
 from rlkube.operator.controller.cluster_state import ListedInventory, PlanningTurns, WatchedInventory
+from rlkube.operator.controller.environment_sync import sync_environment
 from rlkube.operator.controller.kubeapi import ApiError, Conflict, KubeAPI, delete_configmap
 from rlkube.operator.controller.metrics import Metrics
 from rlkube.operator.controller.progress_client import poll_progress
@@ -264,6 +267,7 @@ class Reconciler:
         held back (`held_back`), so the latest counts are written when the interval ends."""
         ns, name = job.namespace, job.name
         assert decision.status is not None
+        decision = sync_environment(self.api, job, decision, self._create)
         deferred = held_back(self.settings.status_coalesce_seconds, self._written_at.get((ns, name)), job, decision)
         if deferred is not None:
             return replace(decision, requeue_after=min(deferred, decision.requeue_after or deferred))

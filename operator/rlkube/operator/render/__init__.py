@@ -22,7 +22,8 @@ index.
 What a pod gets: required node affinity to its planned node (by `metadata.name`), plus the
 user's nodeSelector and tolerations; `nvidia.com/gpu` requests and limits equal to gpusPerPod;
 the env of the operator->runtime contract (`rlkube.runtime.contract.pod`; nothing the runtime
-does not read); probes on /healthz; `/dev/shm` as a memory emptyDir (NCCL and DataLoader workers
+does not read; the environment's URL where the job has one, whose Deployment and Service are
+`render.environment`'s); probes on /healthz; `/dev/shm` as a memory emptyDir (NCCL and DataLoader workers
 need more than the 64 MiB default); a checkpoint volume (the PVC of `checkpoint.volumeClaim`, else
 a hostPath per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a gang restarted on the
 same nodes resumes); restartPolicy Never (the operator restarts whole gangs); and a restricted
@@ -49,6 +50,7 @@ from rlkube.operator.api.observed import (
     uses_gang_gate,
 )
 from rlkube.operator.planning.placement import GPU_RESOURCE, Placement, PodPlan
+from rlkube.operator.render.environment import environment_url
 from rlkube.runtime.contract.config import ROLE_NAMES
 from rlkube.runtime.contract.pod import (
     CONFIG_DIR,
@@ -56,6 +58,7 @@ from rlkube.runtime.contract.pod import (
     CONFIG_PATH,
     ENV_ATTEMPT,
     ENV_CONFIG,
+    ENV_ENVIRONMENT_URL,
     ENV_LOCAL_WORLD_SIZE,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
@@ -238,6 +241,9 @@ def _env(job: JobRef, spec: RLTrainingJobSpec, plan: PodPlan, attempt: int) -> l
         ENV_CONFIG: CONFIG_PATH,
         ENV_ATTEMPT: str(attempt),
     }
+    url = environment_url(job, spec)
+    if url is not None:  # roles.environment: its Service (render/environment.py)
+        values[ENV_ENVIRONMENT_URL] = url
     return [{"name": k, "value": v} for k, v in values.items()]
 
 

@@ -399,7 +399,8 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict | None:
     """
     owned = {
         "phase", "conditions", "observedGeneration", "restarts", "attempt", "gpus", "roles",
-        "placement", "progress", "outputs", STATUS_SUMMARY, "startTime", "completionTime", "nextAttemptTime", "admissionTime",
+        "placement", "progress", "outputs", STATUS_SUMMARY, "environment", "startTime", "completionTime",
+        "nextAttemptTime", "admissionTime",
         STATUS_CHECKPOINT_NODES,
     }
     patch: dict[str, Any] = {}

@@ -2,8 +2,8 @@
 
 The operator renders these names into every pod (render.py); the runtime reads them (cli.py,
 infra/launch.py, infra/distributed.py) and answers with an exit code the operator acts on.
-- `OPERATOR_ENV`: every env variable the operator sets; each one is read by the runtime (a
-  unit test holds both sides to it). `RUNTIME_ENV`: set by launch.py or torchrun, not the operator.
+- `OPERATOR_ENV`: every env variable the operator sets (ENV_ENVIRONMENT_URL only where the job has
+  an environment); each one is read by the runtime (a unit test holds both sides to it). `RUNTIME_ENV`: set by launch.py or torchrun, not the operator.
 - `CONFIG_PATH`: where run.yaml (a `RuntimeConfig`, from the job's ConfigMap) is mounted.
 - Ports: `MASTER_PORT` (torch.distributed rendezvous on pod 0) and `PROGRESS_PORT` (HTTP on every
   pod: /healthz for the kubelet's probes; rank 0 also /progress for the operator, /metrics).
@@ -23,6 +23,8 @@ ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"  # trainer processes (GPUs) of this po
 ENV_RANK_BASE = "RLKUBE_RANK_BASE"         # global rank of this pod's first process
 ENV_CONFIG = "RLKUBE_CONFIG"               # path of run.yaml (CONFIG_PATH)
 ENV_ATTEMPT = "RLKUBE_ATTEMPT"             # gang restart attempt (also the pod label LABEL_ATTEMPT)
+# Only on the pods of a job with roles.environment: the environment Service's URL, http://<name>.<ns>.svc:<port>
+ENV_ENVIRONMENT_URL = "RLKUBE_ENVIRONMENT_URL"
 
 OPERATOR_ENV: tuple[str, ...] = (
     ENV_MASTER_ADDR,
@@ -32,6 +34,7 @@ OPERATOR_ENV: tuple[str, ...] = (
     ENV_RANK_BASE,
     ENV_CONFIG,
     ENV_ATTEMPT,
+    ENV_ENVIRONMENT_URL,
 )
 
 # Set per process by launch.py (a pod of several GPUs starts one worker per GPU) or by torchrun.
@@ -79,3 +82,6 @@ PERMANENT_EXIT_CODES: tuple[int, ...] = (EXIT_CONFIG, EXIT_NON_FINITE)
 LABEL_JOB = "rlkube.io/job"
 LABEL_ATTEMPT = "rlkube.io/attempt"
 LABEL_POD_INDEX = "rlkube.io/pod-index"
+# On the environment's pods (roles.environment), value the job's name; its Deployment and Service
+# select them by it. Not LABEL_JOB: the operator lists a job's trainer pods by that one.
+LABEL_ENVIRONMENT = "rlkube.io/environment"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.prompts import PromptData
 from rlkube.runtime.engine.hybrid_engine import HybridEngine
@@ -38,7 +40,7 @@ class GreedyEvaluator:
         self.blocks = 0  # blocks generated in the run's evaluations: multi-turn episode ids 'e<block>-<row>'
 
     def __call__(self) -> dict:
-        n, total, length = len(self.data), 0.0, 0.0
+        n, total, length, scored = len(self.data), 0.0, 0.0, 0
         for start in range(0, n, self.block_rows):
             index = list(range(start, min(start + self.block_rows, n)))
             real = len(index)
@@ -47,6 +49,7 @@ class GreedyEvaluator:
             rollout, _ = self.worker.generate(self.blocks, self.worker.prompt_batch(index))
             self.blocks += 1
             scores = self.scorer.rewards(rollout, self.data)
-            total += float(scores[:real].sum())
+            kept = scores[:real][torch.isfinite(scores[:real])]  # NaN: the environment failed to score it
+            total, scored = total + float(kept.sum()), scored + kept.numel()
             length += float(rollout.response_mask[:real].sum())
-        return {"samples": n, "rewardMean": total / n, "responseLengthMean": length / n}
+        return {"samples": n, "rewardMean": total / scored if scored else None, "responseLengthMean": length / n}

@@ -3,7 +3,8 @@
 Each role computes on its own ranks, on its share of the rows, and the role's leader broadcasts
 the result (`RoleGroups.collect`). The forwards are queued before the reward function runs, so its host
 work overlaps them (`Scorer.score`):
-- scores: a rule-based reward function on the reward ranks, or a reward model over them;
+- scores: a rule-based reward function on the reward ranks, a reward model over them, or the
+  job's environment (roles.reward.remote: NaN where it failed to score a row);
 - ref_logprobs: the frozen reference's per-token log-probs (when training.kl > 0): a model of
   its own, or, for a LoRA actor, the actor itself with its adapters off (the trainer passes it);
 - values: the critic's per-token values (algorithms with a critic);
@@ -26,6 +27,7 @@ from rlkube.runtime.infra.distributed import DistContext
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.rewards import load_reward_function, score_with_function
 from rlkube.runtime.rewards.model import build_reward_model
+from rlkube.runtime.rewards.remote import connect_environment
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, in_row_order, role_micro_batches
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout, to_response_width
@@ -84,8 +86,12 @@ class Scorer:
         self.reference = self.reward_fn = self.reward_model = None
         if self.use_reference and "reference" in groups.here:
             self.reference = reference if reference is not None else build_reference(config, ctx)
+        self.environment = None  # roles.reward.remote: the environment's client, on the reward ranks
         if "reward" in groups.here:
-            if reward.function is not None:
+            if reward.remote:
+                # Before step 1: the environment's replicas start beside the trainers.
+                self.environment = connect_environment()
+            elif reward.function is not None:
                 try:
                     self.reward_fn = load_reward_function(reward.function)
                 except ValueError as e:
@@ -103,7 +109,19 @@ class Scorer:
             prompts.append(data.texts[rollout.prompt_index[r]])
         return prompts, completions
 
+    def _remote_scores(self, rollout: Rollout, rows: slice, data: PromptData) -> torch.Tensor:
+        """Rewards from the environment; NaN where it failed to score a row (trainers/rl/env_mask.py
+        masks those rows out of the step)."""
+        prompts, completions = self._completion_texts(rollout, rows, data)
+        indices = rollout.prompt_index[rows]
+        metadata = [{"prompt_index": i, **({"answer": data.answers[i]} if data.answers[i] is not None else {})}
+                    for i in indices]
+        rewards = self.environment.score(prompts, completions, metadata)
+        return torch.tensor([float("nan") if r is None else r for r in rewards], dtype=torch.float32)
+
     def _scores(self, rollout: Rollout, rows: slice, data: PromptData | None = None) -> torch.Tensor:
+        if self.environment is not None:
+            return self._remote_scores(rollout, rows, data if data is not None else self.data)
         if self.reward_fn is not None:
             prompts, completions = self._completion_texts(rollout, rows, data if data is not None else self.data)
             return score_with_function(self.reward_fn, prompts, completions)

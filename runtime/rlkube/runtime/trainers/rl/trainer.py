@@ -62,6 +62,7 @@ from rlkube.runtime.trainers.record import StepRecord
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.budgets import RLBudgets
 from rlkube.runtime.trainers.rl.critic import CriticWorker
+from rlkube.runtime.trainers.rl.env_mask import environment_fields, mask_failed_rows, reward_fields
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes, ToolStats, record_fields
@@ -69,6 +70,10 @@ from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWork
 from rlkube.runtime.trainers.rl.scoring import Scorer
 from rlkube.runtime.trainers.rl.update import PassTotals
 
+# roles.reward.remote: what the step's calls to the environment cost (trainers/rl/env_mask.py)
+ENVIRONMENT_GAUGES = {"envFailures": "env_failures", "envRetries": "env_retries",
+                      "envCallsPerSecond": "env_calls_per_second", "envLatencyP50": "env_latency_p50_seconds",
+                      "envLatencyP99": "env_latency_p99_seconds"}
 TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSeconds", "scoringSeconds",
            "generationSeconds", "trainingSeconds")
 
@@ -76,7 +81,7 @@ TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSecon
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
 
-    REPORT = StepReport(reward_mean="rewardMean", gauges={k: k for k in TIMINGS})
+    REPORT = StepReport(reward_mean="rewardMean", gauges={**{k: k for k in TIMINGS}, **ENVIRONMENT_GAUGES})
 
     def build(self) -> None:
         cfg, tcfg = self.config, self.config.training
@@ -221,6 +226,7 @@ class RLTrainer(Trainer):
         t_scored = time.perf_counter()
         with self.busy.phase("score"):
             scored = self._score(rollout)
+            scores = mask_failed_rows(rollout, scored)  # the environment's failures: out of the loss
             adv = self.estimate(scored, rollout.response_mask.float(), self.config.training)
             self.sync()
         t_trained = time.perf_counter()
@@ -228,8 +234,11 @@ class RLTrainer(Trainer):
         self.sync()
         t_end = time.perf_counter()
         times = {"seconds": t_end - t_start, "scoring": t_trained - t_scored, "training": t_end - t_trained}
-        rec = self._step_record(step, lr, rollout, gen_stats, scored["scores"], trained, times)
+        rec = self._step_record(step, lr, rollout, gen_stats, scores, trained, times)
         rec.update(self._loss_terms(trained))
+        rec.update(reward_fields(scores, self.group_size if self.algorithm.grouped else None))
+        if self.config.roles.reward.remote:
+            rec.update(environment_fields(self.ctx, self.scorer.environment))
         return rec
 
     def _generate(self, step: int, prompts: PromptBatch) -> tuple[Rollout, dict]:

@@ -1,0 +1,180 @@
+"""The environment protocol end to end on loopback: the reference environment's server
+(images/environment) and the runtime's client (rewards/remote.py), a server that fails calls
+(retries counted, failures reported as None), and the trainer's mask of failed completions
+(out of the loss and of GRPO's group statistics, never scored as 0)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkube.runtime.algorithms.advantages import group_normalized_advantages
+from rlkube.runtime.algorithms.registry import get_adv_estimator
+from rlkube.runtime.contract.config import TrainingSpec
+from rlkube.runtime.contract.pod import ENV_ENVIRONMENT_URL
+from rlkube.runtime.infra.distributed import DistContext
+from rlkube.runtime.rewards.remote import (
+    EnvironmentClient,
+    EnvironmentUnavailable,
+    environment_url_from_env,
+    percentile,
+)
+from rlkube.runtime.trainers.rl.env_mask import environment_fields, mask_failed_rows, reward_fields
+from rlkube.runtime.trainers.rl.rollout import Rollout
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "images" / "environment"))
+from server import Environment, make_server  # noqa: E402
+
+
+@pytest.fixture
+def served():
+    """Start a reference environment on a free loopback port; yields (url, environment)."""
+    servers = []
+
+    def start(**kwargs):
+        environment = Environment(**kwargs)
+        server = make_server("127.0.0.1", 0, environment)
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}", environment
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def client(url: str, **kwargs) -> EnvironmentClient:
+    kwargs.setdefault("backoff", 0.001)
+    kwargs.setdefault("timeout", 10.0)
+    return EnvironmentClient(url, **kwargs)
+
+
+def test_scores_code_math_and_letters_through_the_protocol(served):
+    url, _ = served()
+    c = client(url, batch_size=2, concurrency=2)
+    assert c.wait_ready(5) < 5
+    completions = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b",
+                   "so the answer is \\boxed{\\frac{1}{2}}", "I think 7", "abc!"]
+    metadata = [{"tests": "assert add(2, 3) == 5"}, {"tests": "assert add(2, 3) == 5"}, {"answer": "0.5"},
+                {"answer": "8"}, {}]
+    rewards = c.score(["p"] * 5, completions, metadata)
+    assert rewards == [1.0, 0.0, 1.0, 0.0, 0.75]
+    stats = c.stats.take()
+    assert (stats["envCalls"], stats["envRetries"], stats["envFailures"]) == (3, 0, 0)  # 5 items, 2 a call
+    assert stats["envLatencyP50"] is not None and stats["envLatencyP99"] >= stats["envLatencyP50"]
+
+
+def test_a_failing_server_costs_retries_and_what_still_fails_is_none(served):
+    url, environment = served(fail_every=2)  # every second /v1/score call answers 503
+    c = client(url, batch_size=1, concurrency=1, retries=3)
+    assert c.score(["p"] * 4, ["abcd"] * 4) == [1.0] * 4
+    stats = c.stats.take()
+    assert stats["envRetries"] == 3 and stats["envFailures"] == 0 and stats["envCalls"] == 7
+    url, _ = served(fail_every=1)  # every call fails: the items are failures, not zeros
+    c = client(url, batch_size=2, retries=2)
+    assert c.score(["p"] * 3, ["abc"] * 3) == [None, None, None]
+    stats = c.stats.take()
+    assert stats["envFailures"] == 3 and stats["envRetries"] == 4  # 2 calls x 2 retries
+
+
+def test_a_server_that_answers_a_broken_body_or_null_is_a_failure():
+    class Broken(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"rewards": [None, float("nan"), 0.25]} if self.path == "/v1/score" else {}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        c = client(f"http://127.0.0.1:{server.server_port}", batch_size=3)
+        assert c.score(["p"] * 3, ["a"] * 3) == [None, None, 0.25]  # NaN is no reward either
+        assert c.score(["p"] * 2, ["a"] * 2) == [None, None]  # 3 rewards for 2 items: a broken answer
+        assert c.stats.take()["envFailures"] == 4
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_environment_that_never_answers_is_reported_after_the_timeout():
+    c = EnvironmentClient("http://127.0.0.1:9", timeout=0.2, sleep=lambda s: None)
+    with pytest.raises(EnvironmentUnavailable, match="did not answer /healthz"):
+        c.wait_ready(0.0)
+
+
+def test_the_url_comes_from_the_operator(monkeypatch):
+    monkeypatch.delenv(ENV_ENVIRONMENT_URL, raising=False)
+    with pytest.raises(EnvironmentUnavailable, match=ENV_ENVIRONMENT_URL):
+        environment_url_from_env()
+    monkeypatch.setenv(ENV_ENVIRONMENT_URL, "http://tiny-environment.team.svc:8000/")
+    assert environment_url_from_env() == "http://tiny-environment.team.svc:8000"
+
+
+def test_step_runs_a_tool_and_ends_with_an_answer(served):
+    url, _ = served()
+    c = client(url)
+    assert c.step("e1", "print(6 * 7)", {"answer": "42"}) == {"observation": "42\n", "done": False, "reward": None}
+    assert c.step("e1", "ANSWER: \\boxed{42}") == {"observation": "", "done": True, "reward": 1.0}
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile(list(range(1, 101)), 0.99) == 99
+
+
+# -- the trainer's mask ---------------------------------------------------------------------
+
+def rollout(rows: int, prompt_len: int = 2, response: int = 3) -> Rollout:
+    seq = torch.ones(rows, prompt_len + response, dtype=torch.long)
+    return Rollout(seq, torch.ones_like(seq), prompt_len, list(range(rows)))
+
+
+def test_failed_rows_are_masked_out_of_the_loss_and_the_group_statistics():
+    scores = torch.tensor([1.0, float("nan"), 0.0, 0.5, float("nan"), 0.5])
+    r = rollout(6)
+    scored = {"scores": scores.clone()}
+    recorded = mask_failed_rows(r, scored)
+    assert r.response_mask.sum(dim=1).tolist() == [3, 0, 3, 3, 0, 3]  # no token of a failed row trains
+    assert scored["valid"].tolist() == [True, False, True, True, False, True]
+    adv = get_adv_estimator("grpo")(scored, r.response_mask.float(), TrainingSpec(group_size=3))["advantages"]
+    assert adv[1] == 0 and adv[4] == 0
+    # Group statistics over the valid completions only: as if the failed ones were never sampled.
+    assert torch.allclose(adv[[0, 2]], group_normalized_advantages(torch.tensor([1.0, 0.0]), 2))
+    assert torch.allclose(adv[[3, 5]], torch.zeros(2))  # two equal rewards: no signal
+    fields = reward_fields(recorded, 3)
+    assert fields["rewardMean"] == pytest.approx(0.5) and fields["groupsWithSignal"] == 0.5
+    # Scored as 0 instead, the failed completion would have moved its group's advantages.
+    zeroed = group_normalized_advantages(torch.nan_to_num(scores, nan=0.0), 3)
+    assert not torch.allclose(zeroed[[0, 2]], adv[[0, 2]])
+
+
+def test_with_nothing_failed_the_mask_changes_nothing():
+    r, scores = rollout(4), torch.tensor([1.0, 0.0, 0.5, 0.25])
+    scored = {"scores": scores.clone()}
+    mask_failed_rows(r, scored)
+    assert "valid" not in scored and int(r.response_mask.sum()) == 12
+    assert torch.allclose(group_normalized_advantages(scores, 2, valid=torch.ones(4, dtype=torch.bool)),
+                          group_normalized_advantages(scores, 2))
+
+
+def test_environment_fields_of_one_process(served):
+    url, _ = served(fail_every=2)
+    c = client(url, batch_size=1, concurrency=1)
+    c.score(["p"] * 2, ["ab"] * 2)
+    fields = environment_fields(DistContext(), c)  # one process: no collective
+    assert fields["envRetries"] == 1 and fields["envFailures"] == 0 and fields["envCallsPerSecond"] > 0
+    assert math.isfinite(fields["envLatencyP99"])

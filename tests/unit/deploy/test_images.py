@@ -29,7 +29,7 @@ def _instructions(name: str) -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["operator", "runtime", "runtime-cpu"])
+@pytest.mark.parametrize("name", ["operator", "runtime", "runtime-cpu", "environment"])
 def test_base_image_is_a_build_argument_with_a_public_default(name):
     ins = _instructions(name)
     first_from = next(i for i, (word, _) in enumerate(ins) if word == "FROM")
@@ -38,7 +38,7 @@ def test_base_image_is_a_build_argument_with_a_public_default(name):
     assert ins[first_from][1].startswith("${BASE_IMAGE}")
 
 
-@pytest.mark.parametrize("name", ["operator", "runtime", "runtime-cpu"])
+@pytest.mark.parametrize("name", ["operator", "runtime", "runtime-cpu", "environment"])
 def test_runs_as_numeric_non_root_user(name):
     users = [rest for word, rest in _instructions(name) if word == "USER"]
     assert users, f"images/{name}: no USER"
@@ -88,3 +88,17 @@ def test_entry_points_match_what_the_chart_and_the_operator_run():
              ("operator", "runtime-cpu", "runtime")}
     assert entry["operator"] == '["rlkube", "operator"]'
     assert entry["runtime-cpu"] == entry["runtime"] == '["python", "-m", "rlkube.runtime"]'
+
+
+def test_the_reference_environment_is_stdlib_only_and_copies_what_it_runs():
+    """images/environment installs nothing: the base's python3 runs the three files it copies, and
+    the server imports nothing outside the standard library and those files."""
+    ins = _instructions("environment")
+    assert not [rest for word, rest in ins if word == "RUN"]
+    copied = " ".join(rest for word, rest in ins if word == "COPY")
+    files = ("server.py", "sandbox.py", "math_check.py")
+    assert all(f"images/environment/{name}" in copied for name in files)
+    local = {name[:-3] for name in files}
+    for name in files:
+        imported = re.findall(r"^(?:from|import) (\w+)", (IMAGES / "environment" / name).read_text(), re.M)
+        assert set(imported) - local - {"__future__"} <= set(__import__("sys").stdlib_module_names), name

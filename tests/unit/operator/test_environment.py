@@ -51,7 +51,8 @@ def test_deployment_and_service_are_owned_by_the_job_and_select_the_environment_
     assert selector.items() <= template_labels.items()
     assert LABEL_JOB not in template_labels  # never counted as a trainer pod
     assert service["spec"]["ports"] == [{"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP"}]
-    assert "clusterIP" not in service["spec"]  # a ClusterIP Service: calls spread over the ready replicas
+    assert service["spec"]["clusterIP"] == "None"  # headless: the name resolves to the ready replicas
+    assert not service["spec"].get("publishNotReadyAddresses")
 
 
 def test_environment_pods_run_restricted_with_a_read_only_root():

@@ -38,12 +38,12 @@ def served():
     """Start a reference environment on a free loopback port; yields (url, environment)."""
     servers = []
 
-    def start(**kwargs):
+    def start(host: str = "127.0.0.1", port: int = 0, **kwargs):
         environment = Environment(**kwargs)
-        server = make_server("127.0.0.1", 0, environment)
+        server = make_server(host, port, environment)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}", environment
+        return f"http://{host}:{server.server_port}", environment
 
     yield start
     for server in servers:
@@ -178,3 +178,23 @@ def test_environment_fields_of_one_process(served):
     fields = environment_fields(DistContext(), c)  # one process: no collective
     assert fields["envRetries"] == 1 and fields["envFailures"] == 0 and fields["envCallsPerSecond"] > 0
     assert math.isfinite(fields["envLatencyP99"])
+
+
+def test_calls_spread_over_every_address_the_name_resolves_to(served, monkeypatch):
+    """A headless Service's name resolves to its ready replicas: round robin over them, and a
+    replica that is gone costs a retry on the next one, not a failure."""
+    url_a, env_a = served()
+    port = int(url_a.rsplit(":", 1)[1])
+    _, env_b = served(host="127.0.0.2", port=port)  # two loopback addresses stand for two pods
+    c = client(f"http://environment.test:{port}", batch_size=1, concurrency=1)
+    monkeypatch.setattr(c.replicas, "_resolve", lambda: ["127.0.0.1", "127.0.0.2"])
+    assert c.score(["p"] * 4, ["ab"] * 4) == [1.0] * 4
+    assert (env_a.score_calls, env_b.score_calls) == (2, 2)
+    assert c.replicas.next_base()[1] == f"environment.test:{port}"  # the Host header keeps the name
+    # One replica gone (nothing listens there): each call that lands on it is retried on the other.
+    monkeypatch.setattr(c.replicas, "_resolve", lambda: ["127.0.0.1", "127.0.0.3"])
+    c.replicas._resolved_at = float("-inf")
+    c.stats.take()
+    assert c.score(["p"] * 4, ["ab"] * 4) == [1.0] * 4
+    stats = c.stats.take()
+    assert stats["envRetries"] >= 1 and stats["envFailures"] == 0

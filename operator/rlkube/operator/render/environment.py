@@ -1,6 +1,6 @@
 """The environment of a job (`roles.environment`) as Kubernetes objects, and its status. Pure.
 
-An environment is stateless CPU work behind one URL, so it is a Deployment and a ClusterIP
+An environment is stateless CPU work behind one URL, so it is a Deployment and a headless
 Service, `<job>-environment` both, owned by the job (garbage collection deletes them with it),
 not pods of the gang: it is not gang-scheduled, not restarted with the trainers, and scaling it
 (`replicas`, the one field of roles that may change on a running job) is the Deployment's own
@@ -134,7 +134,10 @@ def render_deployment(job: JobRef, spec: RLTrainingJobSpec, replicas: int | None
 
 
 def render_environment_service(job: JobRef, spec: RLTrainingJobSpec) -> dict:
-    """The ClusterIP Service in front of the environment's ready replicas."""
+    """The headless Service of the environment's ready replicas: its name resolves to their
+    addresses, and the trainers' client spreads its calls over them itself (rewards/remote.py),
+    round robin, moving to the next address on a retry. No kube-proxy is needed, and a call never
+    sits on a kept-alive connection to a replica that is gone."""
     environment = spec.roles.environment
     assert environment is not None, "render_environment_service needs roles.environment"
     return {
@@ -142,6 +145,7 @@ def render_environment_service(job: JobRef, spec: RLTrainingJobSpec) -> dict:
         "kind": "Service",
         "metadata": _metadata(job, _labels(job)),
         "spec": {
+            "clusterIP": "None",
             "selector": _selector(job),
             "ports": [{"name": PORT_NAME, "port": environment.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },

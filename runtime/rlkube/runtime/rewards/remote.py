@@ -2,7 +2,8 @@
 protocol (`contract.environment_protocol`, docs/environments.md).
 
 A step's completions go out in calls of `batch_size` items, `concurrency` calls at a time on a
-thread pool (the environment is a Service of several replicas: calls in flight spread over them).
+thread pool, spread over the environment's replicas by the client itself (`Replicas`: the
+environment's Service is headless, its name resolves to the ready replicas).
 Each call has a timeout; a call that times out, cannot connect, answers 429 or 5xx, or answers a
 body that breaks the protocol is retried after an exponential backoff with jitter (`backoff`,
 doubling, at most `max_backoff` seconds), `retries` times. A call that still fails makes each of
@@ -21,13 +22,16 @@ Stdlib only: urllib over a thread pool. `step` is the seam for multi-turn tool e
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import random
+import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +120,44 @@ class EnvironmentStats:
         return out
 
 
+class Replicas:
+    """The addresses the environment's name resolves to, and the next one to call.
+
+    The environment's Service is headless: its name resolves to the addresses of its ready
+    replicas, so the client spreads the calls over them (round robin) and a retry goes to the next
+    replica. The name is resolved again at most every `ttl` seconds (the replicas change as pods
+    come and go); a name that does not resolve is left to the connection to fail, and retried."""
+
+    def __init__(self, url: str, ttl: float = 1.0) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.scheme, self.host = parts.scheme, parts.hostname or ""
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.netloc, self.ttl = parts.netloc, ttl
+        self._addresses: list[str] = []
+        self._resolved_at = -math.inf
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def _resolve(self) -> list[str]:
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            return []
+        return sorted({info[4][0] for info in infos})
+
+    def next_base(self) -> tuple[str, str]:
+        """(the base URL of the next replica to call, the Host header of the name)."""
+        with self._lock:
+            if time.monotonic() - self._resolved_at > self.ttl:
+                self._addresses = self._resolve()
+                self._resolved_at = time.monotonic()
+            addresses = self._addresses
+        if not addresses:
+            return f"{self.scheme}://{self.netloc}", self.netloc
+        address = addresses[next(self._turn) % len(addresses)]
+        return f"{self.scheme}://{address}:{self.port}", self.netloc
+
+
 def _reward(value: Any) -> float | None:
     """A protocol reward: a finite number, else None (null, or something no reward is)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -135,6 +177,7 @@ class EnvironmentClient:
         self.timeout, self.retries, self.batch_size = timeout, retries, batch_size
         self.backoff, self.max_backoff, self.sleep = backoff, max_backoff, sleep
         self.stats = EnvironmentStats()
+        self.replicas = Replicas(self.url)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="environment")
         self._jitter = random.Random(0)  # jitter only spreads retries; it needs no seed of the run
 
@@ -144,8 +187,9 @@ class EnvironmentClient:
     # -- transport ---------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        base, host = self.replicas.next_base()
+        request = urllib.request.Request(base + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json", "Host": host})
         try:
             with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
                 payload = response.read()

@@ -46,7 +46,8 @@ def test_grpo_scores_through_a_flaky_environment(tmp_path):
     try:
         cfg = rl_config(tmp_path, "grpo", roles={"actor": {"gpus": 2}, "reward": {"gpus": 0, "remote": True},
                                                  "environment": {"image": "unused-outside-kubernetes"}},
-                        training={"steps": 3, "groupSize": 4, "kl": 0.0}, batching={"globalBatch": 4})
+                        training={"steps": 3, "groupSize": 4, "kl": 0.0},
+                        batching={"globalBatch": 4, "maxMicroBatch": 1})  # a failed row alone in a micro-batch
         path = tmp_path / "run.yaml"
         path.write_text(yaml.safe_dump(cfg))
         code, recs, err = run_cli(path, timeout=400, LOCAL_WORLD_SIZE="2",

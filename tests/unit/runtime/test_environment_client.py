@@ -26,7 +26,13 @@ from rlkube.runtime.rewards.remote import (
     environment_url_from_env,
     percentile,
 )
-from rlkube.runtime.trainers.rl.env_mask import environment_fields, mask_failed_rows, reward_fields
+from rlkube.runtime.trainers.rl.env_mask import (
+    environment_fields,
+    loss_mask,
+    mask_failed_rows,
+    reward_fields,
+    row_weight,
+)
 from rlkube.runtime.trainers.rl.rollout import Rollout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "images" / "environment"))
@@ -147,26 +153,46 @@ def test_failed_rows_are_masked_out_of_the_loss_and_the_group_statistics():
     scores = torch.tensor([1.0, float("nan"), 0.0, 0.5, float("nan"), 0.5])
     r = rollout(6)
     scored = {"scores": scores.clone()}
-    recorded = mask_failed_rows(r, scored)
-    assert r.response_mask.sum(dim=1).tolist() == [3, 0, 3, 3, 0, 3]  # no token of a failed row trains
+    recorded = mask_failed_rows(scored)
     assert scored["valid"].tolist() == [True, False, True, True, False, True]
-    adv = get_adv_estimator("grpo")(scored, r.response_mask.float(), TrainingSpec(group_size=3))["advantages"]
+    mask = loss_mask(r, scored)
+    assert mask.sum(dim=1).tolist() == [3, 0, 3, 3, 0, 3]  # no token of a failed row is in a loss
+    assert int(r.response_mask.sum()) == 18  # ... but every row keeps its tokens for the forward
+    weights = row_weight(scored, torch.tensor([0, 1, 4]), torch.ones(1))
+    assert weights.flatten().tolist() == [1.0, 0.0, 0.0] and weights.shape == (3, 1)
+    adv = get_adv_estimator("grpo")(scored, mask, TrainingSpec(group_size=3))["advantages"]
     assert adv[1] == 0 and adv[4] == 0
     # Group statistics over the valid completions only: as if the failed ones were never sampled.
     assert torch.allclose(adv[[0, 2]], group_normalized_advantages(torch.tensor([1.0, 0.0]), 2))
     assert torch.allclose(adv[[3, 5]], torch.zeros(2))  # two equal rewards: no signal
-    fields = reward_fields(recorded, 3)
+    fields = reward_fields(recorded, mask, 3)
     assert fields["rewardMean"] == pytest.approx(0.5) and fields["groupsWithSignal"] == 0.5
     # Scored as 0 instead, the failed completion would have moved its group's advantages.
     zeroed = group_normalized_advantages(torch.nan_to_num(scores, nan=0.0), 3)
     assert not torch.allclose(zeroed[[0, 2]], adv[[0, 2]])
 
 
+def test_the_actor_loss_of_a_failed_row_is_zero_and_the_mean_is_over_the_others():
+    """The policy loss with the loss mask: a failed row's tokens add nothing, whatever its values."""
+    from rlkube.runtime.algorithms.registry import get_policy_loss
+
+    scored = {"scores": torch.tensor([1.0, float("nan")])}
+    mask_failed_rows(scored)
+    r = rollout(2)
+    resp = r.response_mask.float() * row_weight(scored, torch.arange(2), torch.ones(1))
+    logps = torch.randn(2, 3, requires_grad=True)
+    adv = torch.tensor([1.0, 5.0])  # whatever the failed row's advantage, it must not count
+    loss, _ = get_policy_loss("grpo")(logps, logps.detach(), adv, resp, TrainingSpec())
+    loss.backward()
+    assert logps.grad[1].abs().sum() == 0 and logps.grad[0].abs().sum() > 0
+    assert loss.item() == pytest.approx(-1.0)  # the token mean of the valid row alone (ratio 1, A 1)
+
+
 def test_with_nothing_failed_the_mask_changes_nothing():
     r, scores = rollout(4), torch.tensor([1.0, 0.0, 0.5, 0.25])
     scored = {"scores": scores.clone()}
-    mask_failed_rows(r, scored)
-    assert "valid" not in scored and int(r.response_mask.sum()) == 12
+    mask_failed_rows(scored)
+    assert "valid" not in scored and torch.equal(loss_mask(r, scored), r.response_mask.float())
     assert torch.allclose(group_normalized_advantages(scores, 2, valid=torch.ones(4, dtype=torch.bool)),
                           group_normalized_advantages(scores, 2))
 

@@ -22,6 +22,7 @@ from rlkube.runtime.engine.policy import PolicyModel, host_to_device
 from rlkube.runtime.infra.errors import ConfigError
 from rlkube.runtime.infra.metrics import FlopModel
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, role_micro_batches
+from rlkube.runtime.trainers.rl.env_mask import row_weight
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout
 from rlkube.runtime.trainers.rl.scoring import response_logprobs
@@ -69,6 +70,7 @@ class ActorWorker(RoleWorker):
         cols = resp.shape[1]
         logps, entropy = self.model(seq, att, p, resp, with_entropy=cfg.entropy_coef > 0, host_mask=host)
         resp = resp.float()
+        resp = resp * row_weight(scored, idx, resp)  # rows the environment failed to score weigh 0
         # A rollout trained on once has no old log-probs: the ratio is 1 at the current weights.
         old = scored["old_logprobs"][idx, :cols].to(dev) if "old_logprobs" in scored else logps.detach()
         a = adv["advantages"][idx]

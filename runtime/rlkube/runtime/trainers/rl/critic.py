@@ -13,6 +13,7 @@ from rlkube.runtime.engine.models import build_causal_lm, compile_role, evaluati
 from rlkube.runtime.engine.policy import host_to_device
 from rlkube.runtime.engine.value_model import ValueModel
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, in_row_order, role_micro_batches
+from rlkube.runtime.trainers.rl.env_mask import row_weight
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout, to_response_width
 from rlkube.runtime.trainers.rl.update import RoleWorker
@@ -45,6 +46,7 @@ class CriticWorker(RoleWorker):
                    scored: dict, adv: dict, host: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         dev, p = self.groups.ctx.device, rollout.prompt_len
         resp = (att if rollout.policy_mask is None else host_to_device(host, dev))[:, p:].float()
+        resp = resp * row_weight(scored, idx, resp)  # rows the environment failed to score weigh 0
         cols = resp.shape[1]
         values = self.model(seq, att, p)
         loss, clip_frac = value_loss(

@@ -4,15 +4,17 @@ scored as 0, and counted.
 The scorer reports such a completion's reward as NaN (rewards/remote.py: a call that failed after
 its retries), and the scores reach every rank through the reward role's broadcast, so every rank
 masks the same rows here:
-- its response mask is zeroed on the rollout, so none of its tokens enters any loss (the actor's,
-  the critic's), PPO's whitening or the token counts: its loss weight is 0;
-- `scored["valid"]` says which rows have a reward, and GRPO's estimator leaves the others out of
-  their group's mean and standard deviation (registry.group_advantages), giving them advantage 0;
-- its placeholder score is 0 in `scored["scores"]` (a number the estimators may read, on a row
-  whose mask is 0), while the step record's reward statistics are taken over the valid rows.
-
-With the seq-mean loss aggregations a masked row still counts as a row in the mini-batch's
-denominator, as a completion with no tokens does.
+- `scored["valid"]` says which rows have a reward; `loss_mask` is the response mask with the other
+  rows' tokens zeroed. The estimators take it (GRPO leaves those rows out of their group's mean and
+  standard deviation and gives them advantage 0, registry.group_advantages; PPO's GAE and
+  whitening skip them), and the trained roles weigh their tokens by it (`row_weight` in the
+  actor's and the critic's losses, and in update.py's micro-batch and mini-batch weights): their
+  loss weight is 0, and the loss is the aggregate over the rows that have a reward;
+- their tokens still go through the forward: every rank's micro-batches keep the shapes they have,
+  so FSDP's collectives match on every rank (a micro-batch whose rows had no response token would
+  skip the head on one rank only);
+- their placeholder score is 0 in `scored["scores"]` (a number the estimators may read, on rows
+  the loss mask zeroes), while the step record's reward statistics are taken over the valid rows.
 """
 
 from __future__ import annotations
@@ -24,22 +26,36 @@ from rlkube.runtime.rewards.remote import EnvironmentClient
 from rlkube.runtime.trainers.rl.rollout import Rollout
 
 
-def mask_failed_rows(rollout: Rollout, scored: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mask the rows whose score is not finite, as the module says; returns the step's scores with
-    NaN where a row was masked (for the record)."""
+def mask_failed_rows(scored: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mark the rows whose score is not finite, as the module says; returns the step's scores with
+    NaN where a row failed (for the record)."""
     scores = scored["scores"]
     failed = ~torch.isfinite(scores)
     if failed.any():
         scored["valid"] = ~failed
         scored["scores"] = torch.where(failed, torch.zeros_like(scores), scores)
-        rollout.attention_mask[failed, rollout.prompt_len :] = 0
     return torch.where(failed, torch.full_like(scores, float("nan")), scores)
 
 
-def reward_fields(scores: torch.Tensor, group_size: int | None) -> dict[str, float | None]:
-    """rewardMean, rewardStd (and groupsWithSignal for grouped algorithms) over the rows with a
-    reward; a group counts as having signal when its valid completions' rewards differ."""
-    valid = torch.isfinite(scores)
+def loss_mask(rollout: Rollout, scored: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[N, T] float: the response mask, zero on the rows without a reward."""
+    mask = rollout.response_mask.float()
+    return mask * scored["valid"].float()[:, None] if "valid" in scored else mask
+
+
+def row_weight(scored: dict[str, torch.Tensor], rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[len(rows), 1] weights of `rows` in a loss (1, or 0 for a row without a reward), on `like`'s
+    device and dtype, to multiply a [rows, T] mask with."""
+    if "valid" not in scored:
+        return torch.ones((len(rows), 1), dtype=like.dtype, device=like.device)
+    return scored["valid"][rows].to(device=like.device, dtype=like.dtype)[:, None]
+
+
+def reward_fields(scores: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> dict[str, float | None]:
+    """rewardMean, rewardStd (and groupsWithSignal for grouped algorithms) over the rows that have a
+    reward and a token in `mask` (`loss_mask`: multi-turn episodes masked out count in neither); a
+    group counts as having signal when those of its completions differ."""
+    valid = torch.isfinite(scores) & mask.bool().any(dim=1)
     kept = scores[valid]
     out: dict[str, float | None] = {
         "rewardMean": float(kept.mean()) if kept.numel() else None,

@@ -25,8 +25,11 @@ from rlkube.runtime.infra.gpu_busy import BusySampler
 from rlkube.runtime.trainers.base import apply_update, host_numbers
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, role_micro_batches
+from rlkube.runtime.trainers.rl.env_mask import row_weight
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.rollout import Rollout
+
+_HOST = torch.empty((), dtype=torch.long)  # row_weight's device and dtype for the host masks
 
 
 @dataclass
@@ -107,7 +110,7 @@ class RoleWorker:
         what this rank trained on. One wait for the device, after the last micro-batch (see
         `backward_micro_batches`)."""
         part = PassTotals()
-        mini_weight = max(self.aggregation.weight(rollout.response_mask[mini]), 1.0)
+        mini_weight = max(self.aggregation.weight(rollout.response_mask[mini] * row_weight(scored, mini, _HOST)), 1.0)
         sums = self.backward_micro_batches(rollout, scored, adv, mini, mini_weight, part)
         values = host_numbers(sums)
         loss_sum = values.pop("")
@@ -142,7 +145,7 @@ class RoleWorker:
             seq, att, host = rollout.on_device(idx, device)
             trained = rollout.policy_host(idx, host)  # the policy's tokens only (multi-turn)
             tokens = float(trained[:, rollout.prompt_len :].sum())
-            weight = self.aggregation.weight(trained[:, rollout.prompt_len :])
+            weight = self.aggregation.weight(trained[:, rollout.prompt_len :] * row_weight(scored, idx, trained))
             loss, metrics = self.micro_loss(seq, att, idx, rollout, scored, adv, trained)
             # the aggregate over the mini-batch of all ranks; FSDP divides gradients by the group size
             (loss * (weight / mini_weight * len(ranks))).backward()

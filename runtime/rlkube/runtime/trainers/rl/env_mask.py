@@ -51,8 +51,8 @@ def row_weight(scored: dict[str, torch.Tensor], rows: torch.Tensor, like: torch.
     return scored["valid"][rows].to(device=like.device, dtype=like.dtype)[:, None]
 
 
-def reward_fields(scores: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> dict[str, float | None]:
-    """rewardMean, rewardStd (and groupsWithSignal for grouped algorithms) over the rows that have a
+def reward_fields(scores: torch.Tensor, mask: torch.Tensor, group_size: int) -> dict[str, float | None]:
+    """rewardMean, rewardStd (and groupsWithSignal for groups of 2 or more) over the rows that have a
     reward and a token in `mask` (`loss_mask`: multi-turn episodes masked out count in neither); a
     group counts as having signal when those of its completions differ."""
     valid = torch.isfinite(scores) & mask.bool().any(dim=1)
@@ -61,7 +61,7 @@ def reward_fields(scores: torch.Tensor, mask: torch.Tensor, group_size: int | No
         "rewardMean": float(kept.mean()) if kept.numel() else None,
         "rewardStd": float(kept.std()) if kept.numel() > 1 else 0.0,
     }
-    if group_size:
+    if group_size > 1:
         grouped, ok = scores.view(-1, group_size), valid.view(-1, group_size)
         top = torch.where(ok, grouped, torch.full_like(grouped, float("-inf"))).max(dim=1).values
         bottom = torch.where(ok, grouped, torch.full_like(grouped, float("inf"))).min(dim=1).values
@@ -80,3 +80,10 @@ def environment_fields(ctx: DistContext, client: EnvironmentClient | None) -> di
     return {"envFailures": int(failures), "envRetries": int(retries), "envCalls": int(calls),
             "envCallsPerSecond": rate, "envLatencyP50": p50 if calls else None,
             "envLatencyP99": p99 if calls else None}
+
+
+def remote_fields(ctx: DistContext, client: EnvironmentClient | None, scores: torch.Tensor, mask: torch.Tensor,
+                  group_size: int) -> dict[str, float | int | None]:
+    """What a step scored through the environment adds to its record: `environment_fields`, and
+    `reward_fields` in place of the statistics over every row."""
+    return {**reward_fields(scores, mask, group_size), **environment_fields(ctx, client)}

@@ -62,7 +62,7 @@ from rlkube.runtime.trainers.record import StepRecord
 from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.budgets import RLBudgets
 from rlkube.runtime.trainers.rl.critic import CriticWorker
-from rlkube.runtime.trainers.rl.env_mask import environment_fields, loss_mask, mask_failed_rows, reward_fields
+from rlkube.runtime.trainers.rl.env_mask import loss_mask, mask_failed_rows, remote_fields
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
 from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes, ToolStats, record_fields
@@ -227,7 +227,7 @@ class RLTrainer(Trainer):
         with self.busy.phase("score"):
             scored = self._score(rollout)
             scores = mask_failed_rows(scored)  # the environment's failures: out of the loss
-            adv = self.estimate(scored, loss_mask(rollout, scored), self.config.training)
+            adv = self.estimate(scored, mask := loss_mask(rollout, scored), self.config.training)
             self.sync()
         t_trained = time.perf_counter()
         trained = self.train_on(rollout, scored, adv, step)
@@ -236,9 +236,8 @@ class RLTrainer(Trainer):
         times = {"seconds": t_end - t_start, "scoring": t_trained - t_scored, "training": t_end - t_trained}
         rec = self._step_record(step, lr, rollout, gen_stats, scores, trained, times)
         rec.update(self._loss_terms(trained))
-        if self.config.roles.reward.remote:  # the reward statistics over the rows that have a reward
-            rec.update(reward_fields(scores, loss_mask(rollout, scored), self.group_size if self.algorithm.grouped else None))
-            rec.update(environment_fields(self.ctx, self.scorer.environment))
+        if self.config.roles.reward.remote:  # the environment's calls; reward statistics over the rows with one
+            rec.update(remote_fields(self.ctx, self.scorer.environment, scores, mask, self.group_size))
         return rec
 
     def _generate(self, step: int, prompts: PromptBatch) -> tuple[Rollout, dict]:

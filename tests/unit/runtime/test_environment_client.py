@@ -224,3 +224,18 @@ def test_calls_spread_over_every_address_the_name_resolves_to(served, monkeypatc
     assert c.score(["p"] * 4, ["ab"] * 4) == [1.0] * 4
     stats = c.stats.take()
     assert stats["envRetries"] >= 1 and stats["envFailures"] == 0
+
+
+def test_tool_calls_of_multi_turn_episodes_can_be_answered_by_the_environment(served):
+    """The seam to multi-turn rollouts: a ToolExecutor over POST /v1/step; a call that fails after
+    the retries is a failed call (masked out), not an answer."""
+    from rlkube.runtime.tools.environment import EnvironmentTools
+    from rlkube.runtime.tools.executor import ToolCall
+
+    url, _ = served()
+    tools = EnvironmentTools(client(url))
+    result = tools.step("row-3", ToolCall("python", {}, "print(2 ** 10)"))
+    assert (result.text, result.done, result.ok) == ("1024\n", False, True)
+    assert tools.step("row-3", ToolCall("answer", {}, "ANSWER: 1024")).done
+    failing = EnvironmentTools(client("http://127.0.0.1:9", retries=1, timeout=0.5))
+    assert not failing.step("row-4", ToolCall("python", {}, "print(1)")).ok

@@ -105,6 +105,10 @@ def test_configmap_is_the_runtime_config_with_device_map():
     assert config.algorithm == "ppo" and config.roles == s.roles
     assert "deviceMap:" in text and "device_map" not in text  # camelCase on the wire
     assert config.progress_port == 8080  # the port the operator probes and polls, not a default
+    # tracker files and the data cache on the checkpoint volume, which the pod mounts: they outlive it
+    assert config.output_dir == f"{s.checkpoint.dir.rstrip('/')}/output"
+    mounts = objs[2]["spec"]["containers"][0]["volumeMounts"]
+    assert any(config.output_dir.startswith(m["mountPath"].rstrip("/") + "/") for m in mounts if m["name"] == "checkpoints")
 
 
 def test_pod_is_pinned_to_its_planned_node_with_gpus_and_gate():

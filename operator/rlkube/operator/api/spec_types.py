@@ -24,7 +24,7 @@ from rlkube.operator.api.run_policy_spec import RunPolicySpec
 from rlkube.operator.api.validation import spec_problems
 from rlkube.operator.api.volume_spec import VolumeSpec
 from rlkube.runtime.contract.config import MAX_NAME_LEN, RunSections, RuntimeConfig, device_map
-from rlkube.runtime.contract.pod import PROGRESS_PORT
+from rlkube.runtime.contract.pod import OUTPUT_SUBDIR, PROGRESS_PORT
 from rlkube.runtime.contract.spec import repeated
 
 
@@ -139,10 +139,13 @@ class RLTrainingJobSpec(RunSections):
 
     def runtime_config(self, device_map: dict[str, list[int]] | None = None) -> RuntimeConfig:
         """The trainer's config for this spec (what the operator renders into run.yaml), serving
-        on the port the operator probes and polls (the contract's, not a spec field)."""
+        on the port the operator probes and polls (the contract's, not a spec field). Its outputDir
+        (tracker files, the tokenised data's cache) is on the checkpoint volume, so both outlive
+        the pod: a restarted pod reads its cache and a user finds the TensorBoard or MLflow files."""
         return RuntimeConfig(
             **self.sections(),
             device_map=device_map if device_map is not None else self.device_map(),
             progress_port=PROGRESS_PORT,
+            output_dir=f"{self.checkpoint.dir.rstrip('/')}/{OUTPUT_SUBDIR}",
         )
 

@@ -55,6 +55,8 @@ MASTER_PORT_NAME = "dist"
 # One HTTP server per pod serves all three paths. The operator renders run.yaml with this port
 # (`progressPort`), probes it and polls it; the runtime serves whatever run.yaml says.
 PROGRESS_PORT = 8080
+# The trainer's outputDir in a pod: this folder of checkpoint.dir (on the checkpoint volume).
+OUTPUT_SUBDIR = "output"
 PROGRESS_PORT_NAME = "http"
 HEALTH_PATH = "/healthz"
 PROGRESS_PATH = "/progress"

@@ -156,12 +156,18 @@ def test_the_resyncs_reconciles_take_at_most_a_quarter_of_the_slots():
     running, most = set(), {"resync": 0, "event": 0}
     original = reconciler.reconcile
 
+    all_events_in = threading.Event()  # the 6 events hold their slots until all 6 run at once
+
     def reconcile(namespace, name, poll=False):
         kind = "resync" if name.startswith("r") else "event"
         with reconciler.lock:
             running.add(name)
             most[kind] = max(most[kind], sum(1 for n in running if (n.startswith("r")) == (kind == "resync")))
+            if most["event"] == 6:
+                all_events_in.set()
         try:
+            if kind == "event":  # bounded: a queue that never runs 6 at once fails the assert below
+                all_events_in.wait(timeout=5)
             return original(namespace, name, poll)
         finally:
             with reconciler.lock:

@@ -157,3 +157,26 @@ def test_activation_model_bounds_what_autograd_saves():
     measured = sum(n for ptr, n in storages.items() if ptr not in params) / tokens
     modelled = SHAPE.activation_bytes_per_token(4, checkpointing=False)
     assert measured <= modelled <= 3 * measured, (measured, modelled)
+
+
+def test_a_multi_turn_row_is_planned_for_its_whole_episode(monkeypatch):
+    """Decode rows of a multi-turn rollout hold up to maxEpisodeTokens of response (turns and tool
+    outputs), not one turn's maxNewTokens: the plan's decode cache is sized for the episode."""
+    import yaml
+
+    from rlkube.runtime.contract.config import RuntimeConfig
+    from rlkube.runtime.infra.distributed import DistContext
+    from rlkube.runtime.trainers import plan_request
+
+    raw = yaml.safe_load(open("examples/runtime/grpo-multi-turn-cpu.yaml"))
+    monkeypatch.setattr(plan_request, "device_memory", lambda device: (4 * GIB, 200 << 20))
+    model = held_model("actor", spec(), shards=1, trains=True)
+
+    def decode_cache(rollout: dict) -> int:
+        cfg = RuntimeConfig.model_validate({**raw, "rollout": {**raw["rollout"], **rollout}})
+        plan = plan_request.plan_memory(cfg, DistContext(), [model], decode_rows=8, prompt_tokens=32)
+        return next(v for k, v in plan.terms.items() if k.startswith("decode"))
+
+    single = {"maxTurns": 1, "maxEpisodeTokens": None, "tools": None}
+    episode = decode_cache({})  # maxNewTokens 48 a turn, maxEpisodeTokens 160
+    assert episode == decode_cache({**single, "maxNewTokens": 160}) > decode_cache(single) > 0

@@ -94,7 +94,7 @@ def plan_memory(config: RuntimeConfig, ctx: DistContext, models: list[HeldModel]
     request = PlanRequest(
         capacity=capacity, fraction=b.memory_fraction, in_use=in_use, models=tuple(models),
         row_tokens=config.data.max_seq_len, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
-        new_tokens=config.rollout.max_new_tokens if decode_rows else 0,
+        new_tokens=config.rollout.episode_tokens if decode_rows else 0,  # a multi-turn row: its whole episode
         decode_rows_cap=config.rollout.decode_rows, train_tokens_cap=b.max_tokens_per_gpu,
     )
     plan = make_plan(request)

@@ -136,7 +136,8 @@ def test_progress_fields_map_onto_status_progress():
     assert not set(DERIVED_PROGRESS) & mapped  # derived fields are the operator's, never copied
     assert set(progress.REPORT_FIELDS) == set(progress.STATUS_PROGRESS)
     report = {key: 1 for key in progress.REPORT_FIELDS} | {progress.PHASE: progress.PHASE_TRAINING,
-                                                           progress.MEMORY_PLAN: "71.3 of 79.2 GiB: ..."}
+                                                           progress.MEMORY_PLAN: "71.3 of 79.2 GiB: ...",
+                                                           progress.STARTUP_SECONDS: {"total": 1.0}}
     written = progress_status(report, dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc), gpus=1)
     # the trainer's phase and its attempt stay out
     assert set(written) == mapped | {"updatedAt", *DERIVED_PROGRESS}

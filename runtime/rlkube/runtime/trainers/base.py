@@ -46,7 +46,7 @@ from rlkube.runtime.infra.log import log, setup_logging
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
 from rlkube.runtime.infra.sigterm import SigtermFlag
 from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
-from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
+from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts, compile_seconds
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
@@ -155,6 +155,7 @@ class Trainer:
         self.checkpointer.reserve(checkpoint_bytes_estimate(self.trainable))
         self.setup_seconds = time.perf_counter() - t0
         self.startup.mark("modelLoad")
+        self.compiled_before_first_step = compile_seconds()
 
     # -- what a trainer defines ----------------------------------------------------------
     def build(self) -> None:
@@ -285,11 +286,23 @@ class Trainer:
         rec.busy_ranks = job.ranks
         self.observe(rec, job)
         if "firstStep" not in self.startup.marks:
-            self.startup.mark("firstStep")
-            rec.startup_seconds = self.startup.seconds()
-            rec.compile_cache = compile_cache_counts()
-            self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
+            self.first_step_done(rec)
         return rec
+
+    def first_step_done(self, rec: StepRecord) -> None:
+        """This run's first step `rec` is over: the start-up split completed into its record (its
+        compile seconds by torch's timers, its decode graph capture from the step's own field),
+        the compile cache's hits and misses, the checkpoint's host buffers started."""
+        self.startup.mark("firstStep")
+        self.startup.add("compile", compile_seconds() - self.compiled_before_first_step)
+        self.startup.add("decodeCapture", float(rec.fields.get("decodeCaptureSeconds") or 0.0))
+        rec.startup_seconds = self.startup.seconds()
+        rec.compile_cache = compile_cache_counts()
+        self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
+
+    def loading_data(self):
+        """Within (a trainer's build): the time counts as the start-up split's dataLoad."""
+        return self.startup.within("dataLoad")
 
     @contextmanager
     def committed_on_exit(self) -> Iterator[None]:

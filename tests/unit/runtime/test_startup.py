@@ -68,17 +68,25 @@ def test_the_split_reaches_status_progress_with_only_known_non_negative_seconds(
 def test_compile_cache_goes_next_to_the_checkpoints_unless_the_user_set_one():
     from rlkube.runtime.infra.startup import COMPILE_CACHE, compile_cache_env
 
-    assert compile_cache_env("/ckpt", {}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
-    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": ""}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
+    here = f"/ckpt/{COMPILE_CACHE}"
+    assert compile_cache_env("/ckpt", {}) == {"TORCHINDUCTOR_CACHE_DIR": here, "TRITON_CACHE_DIR": f"{here}/triton"}
+    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": ""})["TORCHINDUCTOR_CACHE_DIR"] == here
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}
+    assert compile_cache_env("/ckpt", {"TRITON_CACHE_DIR": "/t"}) == {"TORCHINDUCTOR_CACHE_DIR": here}
 
 
 def test_compile_cache_dir_puts_the_cache_where_other_jobs_find_it_unless_the_environment_says():
-    from rlkube.runtime.infra.startup import compile_cache_env
+    from rlkube.runtime.infra.startup import ENV_COMPILE_CACHE, compile_cache_env
 
-    assert compile_cache_env("/ckpt", {}, "/shared/compile") == {"TORCHINDUCTOR_CACHE_DIR": "/shared/compile"}
+    def inductor(*args):
+        return compile_cache_env(*args).get("TORCHINDUCTOR_CACHE_DIR")
+
+    assert inductor("/ckpt", {}, "/shared/compile") == "/shared/compile"
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}, "/shared/compile") == {}
-    assert compile_cache_env("", {}, "/shared/compile") == {"TORCHINDUCTOR_CACHE_DIR": "/shared/compile"}
+    assert inductor("", {}, "/shared/compile") == "/shared/compile"
+    # the cluster's cache volume (the chart's compileCache) when the job names none
+    assert inductor("/ckpt", {ENV_COMPILE_CACHE: "/var/cache/rlkube"}) == "/var/cache/rlkube"
+    assert inductor("/ckpt", {ENV_COMPILE_CACHE: "/var/cache/rlkube"}, "/shared/compile") == "/shared/compile"
 
 
 def test_allocator_env_expandable_segments_unless_the_user_chose():

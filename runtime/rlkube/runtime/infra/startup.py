@@ -120,24 +120,34 @@ def compile_seconds() -> float:
 
 
 # Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd caches, and
-# Triton's kernels under it), relative to checkpoint.dir.
+# Triton's kernels under TRITON_SUBDIR), relative to checkpoint.dir.
 COMPILE_CACHE = ".compile-cache"
+TRITON_SUBDIR = "triton"
+# A cache directory on a volume the cluster's operator mounts into every trainer pod (the chart's
+# compileCache values): used when the job names none (contract/pod.py).
+ENV_COMPILE_CACHE = "RLKUBE_COMPILE_CACHE"
 
 
 def compile_cache_env(checkpoint_dir: str, env: dict[str, str], cache_dir: str | None = None) -> dict[str, str]:
-    """The environment that keeps torch.compile's caches next to the checkpoints, so a restarted
-    or resumed trainer (a new pod, a new /tmp) loads the first attempt's compiled graphs instead
-    of compiling again: a 1.5B model's first DPO step is 32-35 s on an H200, nearly all compile.
-    `cache_dir` (checkpoint.compileCacheDir) puts them elsewhere, such as a volume other jobs
-    mount too. A cache directory the user set (TORCHINDUCTOR_CACHE_DIR) wins. Set before the
-    first compile; spawned workers inherit it."""
+    """The environment that keeps torch.compile's caches where a restarted or resumed trainer (a
+    new pod, a new /tmp) finds them, so it loads the first attempt's compiled graphs instead of
+    compiling again: a 1.5B model's first DPO step is 32-35 s on an H200, nearly all compile.
+
+    Where, first that applies: a cache directory the user set (TORCHINDUCTOR_CACHE_DIR: nothing
+    is changed); the job's `cache_dir` (checkpoint.compileCacheDir, such as a volume other jobs
+    mount too); the cluster's cache volume (RLKUBE_COMPILE_CACHE, set by the operator where the
+    chart mounts one); else next to the checkpoints. Triton's kernels go under it
+    (TRITON_CACHE_DIR, unless set). Set before the first compile; spawned workers inherit it."""
     if env.get("TORCHINDUCTOR_CACHE_DIR"):
         return {}
-    if cache_dir:
-        return {"TORCHINDUCTOR_CACHE_DIR": cache_dir}
-    if not checkpoint_dir:
+    chosen = cache_dir or env.get(ENV_COMPILE_CACHE) or (
+        os.path.join(checkpoint_dir, COMPILE_CACHE) if checkpoint_dir else "")
+    if not chosen:
         return {}
-    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(checkpoint_dir, COMPILE_CACHE)}
+    out = {"TORCHINDUCTOR_CACHE_DIR": chosen}
+    if not env.get("TRITON_CACHE_DIR"):
+        out["TRITON_CACHE_DIR"] = os.path.join(chosen, TRITON_SUBDIR)
+    return out
 
 
 # The CUDA caching allocator's setting the runtime starts with, unless the user set one.

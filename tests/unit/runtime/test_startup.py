@@ -76,7 +76,8 @@ def test_compile_cache_goes_next_to_the_checkpoints_unless_the_user_set_one():
 
 
 def test_compile_cache_dir_puts_the_cache_where_other_jobs_find_it_unless_the_environment_says():
-    from rlkube.runtime.infra.startup import ENV_COMPILE_CACHE, compile_cache_env
+    from rlkube.runtime.contract.pod import ENV_COMPILE_CACHE
+    from rlkube.runtime.infra.startup import compile_cache_env
 
     def inductor(*args):
         return compile_cache_env(*args).get("TORCHINDUCTOR_CACHE_DIR")

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from rlkube.runtime.contract.pod import ENV_COMPILE_CACHE
+
 _IMPORTED_AT = time.time()
 
 
@@ -123,9 +125,6 @@ def compile_seconds() -> float:
 # Triton's kernels under TRITON_SUBDIR), relative to checkpoint.dir.
 COMPILE_CACHE = ".compile-cache"
 TRITON_SUBDIR = "triton"
-# A cache directory on a volume the cluster's operator mounts into every trainer pod (the chart's
-# compileCache values): used when the job names none (contract/pod.py).
-ENV_COMPILE_CACHE = "RLKUBE_COMPILE_CACHE"
 
 
 def compile_cache_env(checkpoint_dir: str, env: dict[str, str], cache_dir: str | None = None) -> dict[str, str]:

@@ -117,7 +117,7 @@ class StartupStatus(Status):
         default=None, ge=0, description="Of the first step: torch.compile's compile time, by torch's own timers."
     )
     decode_capture: float | None = Field(
-        default=None, ge=0, description="Of the first step: capturing the decode step's CUDA graphs (ppo, grpo)."
+        default=None, ge=0, description="Of the first step: setting up decoding, its KV cache and CUDA graphs (ppo, grpo)."
     )
     total: float | None = Field(default=None, ge=0, description="Process start to the last stage reported.")
 

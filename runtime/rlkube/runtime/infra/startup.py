@@ -12,7 +12,8 @@ step's `startupSeconds`, /progress and status.progress):
   - compile:       seconds torch.compile spent compiling (forward and backward graphs, as torch's
                    own compile timers count them: measured, not estimated; a cache hit counts
                    its load), and
-  - decodeCapture: seconds spent capturing the decode step's CUDA graphs (PPO/GRPO);
+  - decodeCapture: seconds spent setting up decoding: its KV cache and, on CUDA, capturing the
+                   decode step's graphs (PPO/GRPO's decodeCaptureSeconds);
 - total:         process start -> the end of the first step.
 
 The process start comes from the kernel (/proc/self/stat) where there is one, so the import

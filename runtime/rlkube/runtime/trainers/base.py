@@ -126,6 +126,10 @@ class Trainer:
 
     # What /progress and /metrics show of this trainer's steps besides the common fields.
     REPORT: ClassVar[StepReport]
+    # Set by save() after the last step: when the tail began, and the /progress fields of the export
+    # written beside the checkpoint from its staged copy ([] until written; None: none is).
+    tail_started: float | None = None
+    staged_export_fields: list | None = None
 
     def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
         t0 = time.perf_counter()
@@ -346,11 +350,6 @@ class Trainer:
                                    model_meta=self.model_meta(), with_staged=self.staged_export(step) if last else None)
         return time.perf_counter() - t0
 
-    # Set by save() after the last step: when the tail began, and the fields of the export
-    # written from the staged copy ([] while it is being written; None when there is none).
-    tail_started: float | None = None
-    staged_export_fields: list | None = None
-
     def staged_export(self, step: int) -> Callable[[dict], None] | None:
         """The run's final export written from the checkpoint's staged host copy, on a thread
         beside the checkpoint writer (infra/checkpoint.py `with_staged`): one copy of the state
@@ -382,16 +381,14 @@ class Trainer:
         """The HF export after `step` steps when due (collective over the actor's ranks); its
         /progress fields on rank 0. After the last step: the checkpoint and the export committed
         (an export from the staged copy is written with the checkpoint: waited for here)."""
-        if self.tail_started is None:
-            source = self.export_source()
-            return Exporter(self.config, self.ctx.is_main)(step, source[0] if source else None)
-        if self.staged_export_fields is None:
+        fields = None
+        if self.staged_export_fields is None:  # none written beside the checkpoint: gather and write here
             source = self.export_source()
             fields = Exporter(self.config, self.ctx.is_main)(step, source[0] if source else None)
-        else:
-            fields = None
-        self.checkpointer.wait()  # the last checkpoint committed (and the staged export written)
-        return self.staged_export_fields[0] if self.staged_export_fields else fields
+        if self.tail_started is not None:
+            self.checkpointer.wait()  # the last checkpoint committed (and the export beside it written)
+            fields = self.staged_export_fields[0] if self.staged_export_fields else fields
+        return fields
 
     def tail_done(self) -> float | None:
         """Seconds from the end of the last step to now, when the last checkpoint and the export

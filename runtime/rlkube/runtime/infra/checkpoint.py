@@ -37,6 +37,8 @@ their own, so they never interleave with the training loop's collectives on the 
 A save due while the previous one is still writing waits for it first (never two in flight,
 never one skipped); `wait()` is the end of training's (and SIGTERM's) "until it committed". The
 time the step loop spends inside `save` (waiting + staging) is its stall, logged per save.
+A save may take more work on its staged copy (`with_staged`: the run's final export, written
+from the same host copy on a thread beside the shards' writer); `wait()` covers it too.
 """
 
 from __future__ import annotations

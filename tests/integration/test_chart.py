@@ -95,6 +95,8 @@ def test_helm_lint_strict_is_clean(sets):
         ("replicas=2", "replicas"),  # not a value of this chart: one operator, leader-elected
         ("prometheusRule.thresholds.gpuBusyRatio=2", "gpuBusyRatio"),
         ("prometheusRule.thresholds.pendingMinutes=0", "pendingMinutes"),
+        ("compileCache.mountPath=cache", "mountPath"),
+        ("compileCache.claimName=Team_Cache", "claimName"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(bad, key):
@@ -203,6 +205,14 @@ def test_operator_deployment_is_a_single_restricted_recreated_pod():
     scoped = one(render(*NAMESPACED_SET, "logLevel=debug"), "Deployment", "rlkube")
     assert scoped["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
         f"--namespace={WATCHED[0]}", f"--namespace={WATCHED[1]}", "--log-level=debug"]
+
+
+def test_the_compile_cache_volume_reaches_the_operators_flags():
+    for value, flag in (("claimName=team-cache", "--compile-cache-claim=team-cache"),
+                        ("hostPath=/var/lib/rlkube-compile", "--compile-cache-host-path=/var/lib/rlkube-compile")):
+        (container,) = one(render(f"compileCache.{value}"), "Deployment", "rlkube")["spec"]["template"]["spec"][
+            "containers"]
+        assert flag in container["args"] and "--compile-cache-path=/var/cache/rlkube/compile" in container["args"]
 
 
 def test_metrics_service_and_service_monitor_toggles():

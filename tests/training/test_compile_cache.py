@@ -55,3 +55,33 @@ def test_a_second_job_compiles_from_the_cache_the_first_job_left_in_compile_cach
     assert recs_of["first"]["misses"] > 0 and recs_of["first"]["hits"] == 0
     assert recs_of["second"]["hits"] > 0 and recs_of["second"]["misses"] == 0, recs_of["second"]
     assert not (tmp_path / "second" / "ckpt" / COMPILE_CACHE).exists()  # nothing next to its checkpoints
+
+
+def test_a_restart_with_an_empty_cache_directory_loads_the_graphs_its_checkpoint_carries(tmp_path):
+    # A restarted pod whose cache directory is new (an emptyDir, another node's hostPath): the
+    # compiled graphs come from the artifacts inside the checkpoint it resumes from.
+    from rlkube.runtime.infra.compile_artifacts import artifact_name
+
+    cfg = tiny_config(tmp_path, training={"steps": 1, "lr": 1e-2, "seed": 0},
+                      batching={"globalBatch": 8, "mode": "fixed", "maxMicroBatch": 8, "minMicroBatch": 1},
+                      checkpoint={"compileCacheDir": str(tmp_path / "cache-of-pod-1")})
+    cfg["model"]["compile"] = "layers"
+    rc, recs, err = run_cli(write_config(tmp_path, cfg), timeout=300, TORCHINDUCTOR_CACHE_DIR="")
+    assert rc == 0, err[-2000:]
+    cold = first_step(recs)
+    assert cold["compileCache"]["misses"] > 0 and "loaded" not in cold["compileCache"]
+    split = cold["startupSeconds"]
+    assert 0 < split["compile"] <= split["firstStep"]  # measured by torch's timers, inside the first step
+    artifacts = tmp_path / "ckpt" / "step-000000001" / artifact_name(0)
+    assert artifacts.stat().st_size > 0
+
+    cfg["training"]["steps"] = 2
+    cfg["checkpoint"]["compileCacheDir"] = str(tmp_path / "cache-of-pod-2")  # empty
+    rc, recs, err = run_cli(write_config(tmp_path, cfg), timeout=300, TORCHINDUCTOR_CACHE_DIR="")
+    assert rc == 0, err[-2000:]
+    warm = first_step(recs)
+    assert warm["step"] == 2
+    assert warm["compileCache"]["hits"] > 0 and warm["compileCache"]["misses"] == 0, warm["compileCache"]
+    assert warm["compileCache"]["loaded"] == str(artifacts)
+    # the new checkpoint carries them on (what was loaded counts as this attempt's work)
+    assert (tmp_path / "ckpt" / "step-000000002" / artifact_name(0)).stat().st_size > 0

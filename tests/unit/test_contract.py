@@ -26,9 +26,10 @@ OPERATOR = ROOT / "operator" / "rlkube" / "operator"
 CONTRACT = RUNTIME / "contract"
 
 
-def rendered_pods() -> list[dict]:
-    """The two pods of a PPO job: actor+reference [0, 1] on one, critic [2] and reward [3] on the other;
-    the job has an environment (its URL is set on the trainer pods)."""
+def rendered_pods(cache: render.CompileCacheVolume | None = None) -> list[dict]:
+    """The two pods of a PPO job: actor+reference [0, 1] on one, critic [2] and reward [3] on the
+    other; the job has an environment (its URL is set on the trainer pods); `cache`: the cluster's
+    compile cache volume."""
     roles = {**ROLES["ppo"], "environment": {"image": "localhost/rlkube/environment:dev"}}
     job_spec = parse_spec(spec("ppo", placement={"gpusPerPod": 2}, roles=roles))
     placement = Placement(
@@ -38,7 +39,7 @@ def rendered_pods() -> list[dict]:
         fallback=False,
         messages=(),
     )
-    objs = render.render(JobRef(name="tiny", namespace="team", uid="u-1"), job_spec, placement, attempt=2)
+    objs = render.render(JobRef(name="tiny", namespace="team", uid="u-1"), job_spec, placement, attempt=2, cache=cache)
     return objs
 
 
@@ -69,15 +70,19 @@ def literals(tree: ast.Module) -> set[str]:
     return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
-def test_every_env_var_on_a_pod_is_a_contract_name_read_by_the_runtime():
-    pods = [obj for obj in rendered_pods() if obj["kind"] == "Pod"]
-    set_on_pods = {
+def env_names(objs: list[dict]) -> set[str]:
+    return {
         env["name"]
-        for p in pods
+        for p in objs if p["kind"] == "Pod"
         for container in (*p["spec"]["containers"], *p["spec"].get("initContainers", ()))
         for env in container.get("env", ())
     }
-    assert set_on_pods == set(pod.OPERATOR_ENV)
+
+
+def test_every_env_var_on_a_pod_is_a_contract_name_read_by_the_runtime():
+    assert env_names(rendered_pods()) == set(pod.OPERATOR_ENV)
+    set_on_pods = env_names(rendered_pods(render.CompileCacheVolume("/cache", claim_name="c")))
+    assert set_on_pods == {*pod.OPERATOR_ENV, *pod.OPERATOR_ENV_OPTIONAL}
     runtime = sources(RUNTIME, skip=CONTRACT)
     for name in sorted(set_on_pods):
         constant = contract_name(name)
@@ -86,7 +91,7 @@ def test_every_env_var_on_a_pod_is_a_contract_name_read_by_the_runtime():
 
 
 def test_no_file_outside_the_contract_spells_its_names():
-    names = {*pod.OPERATOR_ENV, *pod.RUNTIME_ENV, pod.CONFIG_PATH, pod.LABEL_JOB, pod.LABEL_ATTEMPT, pod.LABEL_POD_INDEX}
+    names = {*pod.OPERATOR_ENV, *pod.OPERATOR_ENV_OPTIONAL, *pod.RUNTIME_ENV, pod.CONFIG_PATH, pod.LABEL_JOB, pod.LABEL_ATTEMPT, pod.LABEL_POD_INDEX}
     found = {
         str(path.relative_to(ROOT)): sorted(names & literals(tree))
         for path, tree in (*sources(RUNTIME, skip=CONTRACT), *sources(OPERATOR))
@@ -138,7 +143,8 @@ def test_progress_fields_map_onto_status_progress():
     assert not set(DERIVED_PROGRESS) & mapped  # derived fields are the operator's, never copied
     assert set(progress.REPORT_FIELDS) == set(progress.STATUS_PROGRESS)
     report = {key: 1 for key in progress.REPORT_FIELDS} | {progress.PHASE: progress.PHASE_TRAINING,
-                                                           progress.MEMORY_PLAN: "71.3 of 79.2 GiB: ..."}
+                                                           progress.MEMORY_PLAN: "71.3 of 79.2 GiB: ...",
+                                                           progress.STARTUP_SECONDS: {"total": 1.0}}
     written = progress_status(report, dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc), gpus=1)
     # the trainer's phase and its attempt stay out
     assert set(written) == mapped | {"updatedAt", *DERIVED_PROGRESS}

@@ -17,7 +17,7 @@ from rlkube.operator.api.validation import elastic
 from rlkube.operator.api.validation.paths import RESERVED_VOLUME_NAMES, path_form_cel, path_form_problem
 from rlkube.operator.planning.inventory import NodeInventory
 from rlkube.operator.planning.placement import plan_placement, request_from_spec
-from rlkube.operator.render import render
+from rlkube.operator.render import CompileCacheVolume, render
 
 CRD = crd.crd_manifest()
 
@@ -54,7 +54,9 @@ def test_every_volume_the_pod_has_of_its_own_is_reserved():
         spec = api.parse_job(doc).spec
         nodes = [NodeInventory("n0", 8, 0, {"kubernetes.io/hostname": "n0"})]
         placement = plan_placement(request_from_spec(spec), nodes)
-        objects = render(JobRef("tiny", "default", "uid-1", {}), spec, placement, attempt=0)
+        # with every volume the cluster may add (the chart's compile cache)
+        objects = render(JobRef("tiny", "default", "uid-1", {}), spec, placement, attempt=0,
+                         cache=CompileCacheVolume("/var/cache/rlkube/compile", claim_name="cache"))
         own = {volume["name"] for obj in objects if obj["kind"] == "Pod" for volume in obj["spec"]["volumes"]}
         assert own - {"weights"} == set(RESERVED_VOLUME_NAMES)
 

@@ -64,6 +64,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host-path-shared", action="store_true",
                    help="the hostPath checkpoint root (/var/lib/rlkube) is one shared filesystem on every node; "
                         "without it a job with no checkpoint.volumeClaim is placed on one node only")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--compile-cache-claim", default="", metavar="CLAIM",
+                       help="mount this PersistentVolumeClaim (in each job's namespace) into every trainer pod for "
+                            "torch.compile's caches, used where a job names no checkpoint.compileCacheDir")
+    cache.add_argument("--compile-cache-host-path", default="", metavar="DIR",
+                       help="the same with a hostPath directory on every node (created if missing)")
+    p.add_argument("--compile-cache-path", default=Settings.compile_cache_path, metavar="PATH",
+                   help="where the compile cache volume is mounted in the trainer pods")
     p.add_argument("--status-coalesce-seconds", type=float, default=2.0,
                    help="a status change that only updates pod counts is written at most this often per job "
                         "(0: at once); phase, conditions and placement are always written at once")

@@ -202,6 +202,35 @@ def test_checkpoint_claim_and_extra_volumes():
     assert mounts["weights"] == {"name": "weights", "mountPath": "/models", "readOnly": True}
 
 
+def test_the_clusters_compile_cache_volume_is_mounted_and_named_to_the_runtime():
+    from rlkube.operator.lifecycle.decider import Decider
+    from rlkube.operator.lifecycle.decision import Settings
+    from rlkube.runtime.contract.pod import ENV_COMPILE_CACHE
+
+    s = parse_spec(spec("ppo", gpus_per_pod=2))
+    for cache, source in [
+        (render.CompileCacheVolume("/var/cache/rlkube/compile", claim_name="compile-cache"),
+         {"persistentVolumeClaim": {"claimName": "compile-cache"}}),
+        (render.CompileCacheVolume("/cache", host_path="/var/lib/rlkube-compile"),
+         {"hostPath": {"path": "/var/lib/rlkube-compile", "type": "DirectoryOrCreate"}}),
+    ]:
+        pods = render.render(JOB, s, ppo_placement(), attempt=3, cache=cache)[2:]
+        for pod in pods:
+            volume = {v["name"]: v for v in pod["spec"]["volumes"]}["rlkube-compile-cache"]
+            assert volume == {"name": "rlkube-compile-cache", **source}
+            mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+            assert mounts["rlkube-compile-cache"] == cache.mount_path
+            assert env_of(pod)[ENV_COMPILE_CACHE] == cache.mount_path
+    # none offered: no volume, no variable
+    pod = render.render(JOB, s, ppo_placement(), attempt=3)[2]
+    assert "rlkube-compile-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert ENV_COMPILE_CACHE not in env_of(pod)
+    # what the operator's settings offer
+    assert Decider.compile_cache(type("D", (), {"settings": Settings()})()) is None
+    offered = Decider.compile_cache(type("D", (), {"settings": Settings(compile_cache_claim="c")})())
+    assert offered == render.CompileCacheVolume("/var/cache/rlkube/compile", claim_name="c")
+
+
 def test_probes_on_healthz():
     _, objs = objects()
     container = objs[2]["spec"]["containers"][0]

@@ -18,3 +18,14 @@ def test_flags_reach_the_settings():
     settings = settings_from(args)
     assert (settings.backoff_base_seconds, settings.node_lost_counts, settings.host_path_shared,
             settings.status_coalesce_seconds) == (3.0, True, True, 0.0)
+
+
+def test_the_compile_cache_volume_flags_reach_the_settings():
+    import pytest
+
+    settings = settings_from(parse_args(["--compile-cache-claim", "team-cache", "--compile-cache-path", "/cache"]))
+    assert (settings.compile_cache_claim, settings.compile_cache_host_path, settings.compile_cache_path) == (
+        "team-cache", "", "/cache")
+    assert settings_from(parse_args([])).compile_cache_claim == ""
+    with pytest.raises(SystemExit):  # a claim or a hostPath, not both
+        parse_args(["--compile-cache-claim", "c", "--compile-cache-host-path", "/h"])

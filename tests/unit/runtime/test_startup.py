@@ -1,4 +1,5 @@
-"""The start-up split: import, model load, first step; and what the run path imports."""
+"""The start-up split: import, data load, model load, first step (its compile and decode capture); and
+what the run path imports."""
 
 import json
 import subprocess
@@ -26,20 +27,67 @@ def test_startup_split_counts_each_stage_from_the_previous_mark():
     assert 0 <= time.time() - process_start_time() < 3600  # this test process started before now
 
 
+def test_startup_split_takes_data_load_out_of_the_build_and_names_the_first_steps_compile_and_capture():
+    from rlkube.runtime.infra.startup import StartupClock, startup_split
+
+    marks = {"import": 12.0, "modelLoad": 20.0, "firstStep": 50.0}
+    split = startup_split(10.0, marks, {"dataLoad": 3.0, "compile": 21.5, "decodeCapture": 1.25})
+    assert split == {"import": 2.0, "dataLoad": 3.0, "modelLoad": 5.0, "firstStep": 30.0, "compile": 21.5,
+                     "decodeCapture": 1.25, "total": 40.0}
+    # before the first step: no first-step parts, and the total runs to the build's end
+    assert startup_split(10.0, {"import": 12.0, "modelLoad": 20.0}, {"dataLoad": 3.0, "compile": 4.0}) == {
+        "import": 2.0, "dataLoad": 3.0, "modelLoad": 5.0, "total": 10.0}
+    # a part never exceeds the stage it is inside; nothing compiled: no compile key
+    assert startup_split(0.0, {"import": 1.0, "modelLoad": 2.0, "firstStep": 3.0}, {"dataLoad": 5.0})[
+        "modelLoad"] == 0.0
+    assert "compile" not in startup_split(0.0, {"import": 1.0, "modelLoad": 2.0, "firstStep": 3.0}, {})
+
+    times = iter([1.0, 1.25, 1.75, 4.0])
+    clock = StartupClock(started=0.0, clock=lambda: next(times))
+    clock.mark("import")
+    with clock.within("dataLoad"):
+        pass
+    clock.mark("modelLoad")
+    assert clock.seconds() == {"import": 1.0, "dataLoad": 0.5, "modelLoad": 2.5, "total": 4.0}
+    with pytest.raises(ValueError, match="unknown start-up part"):
+        clock.add("warmup", 1.0)
+
+
+def test_the_split_reaches_status_progress_with_only_known_non_negative_seconds():
+    import datetime as dt
+
+    from rlkube.operator.render.status import progress_status
+
+    report = {"step": 1, "startupSeconds": {"import": 2.0, "dataLoad": 0.1234567, "firstStep": 9.0,
+                                            "compile": -1.0, "bogus": 3.0, "total": float("nan")}}
+    out = progress_status(report, dt.datetime(2026, 12, 6, tzinfo=dt.UTC))
+    assert out["startupSeconds"] == {"import": 2.0, "dataLoad": 0.123, "firstStep": 9.0}
+    assert "startupSeconds" not in progress_status({"step": 1, "startupSeconds": "x"}, dt.datetime.now(dt.UTC))
+
+
 def test_compile_cache_goes_next_to_the_checkpoints_unless_the_user_set_one():
     from rlkube.runtime.infra.startup import COMPILE_CACHE, compile_cache_env
 
-    assert compile_cache_env("/ckpt", {}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
-    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": ""}) == {"TORCHINDUCTOR_CACHE_DIR": f"/ckpt/{COMPILE_CACHE}"}
+    here = f"/ckpt/{COMPILE_CACHE}"
+    assert compile_cache_env("/ckpt", {}) == {"TORCHINDUCTOR_CACHE_DIR": here, "TRITON_CACHE_DIR": f"{here}/triton"}
+    assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": ""})["TORCHINDUCTOR_CACHE_DIR"] == here
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}
+    assert compile_cache_env("/ckpt", {"TRITON_CACHE_DIR": "/t"}) == {"TORCHINDUCTOR_CACHE_DIR": here}
 
 
 def test_compile_cache_dir_puts_the_cache_where_other_jobs_find_it_unless_the_environment_says():
+    from rlkube.runtime.contract.pod import ENV_COMPILE_CACHE
     from rlkube.runtime.infra.startup import compile_cache_env
 
-    assert compile_cache_env("/ckpt", {}, "/shared/compile") == {"TORCHINDUCTOR_CACHE_DIR": "/shared/compile"}
+    def inductor(*args):
+        return compile_cache_env(*args).get("TORCHINDUCTOR_CACHE_DIR")
+
+    assert inductor("/ckpt", {}, "/shared/compile") == "/shared/compile"
     assert compile_cache_env("/ckpt", {"TORCHINDUCTOR_CACHE_DIR": "/mine"}, "/shared/compile") == {}
-    assert compile_cache_env("", {}, "/shared/compile") == {"TORCHINDUCTOR_CACHE_DIR": "/shared/compile"}
+    assert inductor("", {}, "/shared/compile") == "/shared/compile"
+    # the cluster's cache volume (the chart's compileCache) when the job names none
+    assert inductor("/ckpt", {ENV_COMPILE_CACHE: "/var/cache/rlkube"}) == "/var/cache/rlkube"
+    assert inductor("/ckpt", {ENV_COMPILE_CACHE: "/var/cache/rlkube"}, "/shared/compile") == "/shared/compile"
 
 
 def test_allocator_env_expandable_segments_unless_the_user_chose():

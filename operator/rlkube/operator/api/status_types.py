@@ -101,6 +101,27 @@ class PlacementStatus(Status):
     )
 
 
+class StartupStatus(Status):
+    """Where the time from the trainer's process start to the end of its first step went (rank 0,
+    this attempt), in seconds. The runtime reports it with the start and completes it with the
+    first step (docs/architecture.md, "Where start-up time goes")."""
+
+    import_: float | None = Field(default=None, alias="import", ge=0,
+                                  description="Process start to the trainer's build: interpreter, torch, rendezvous.")
+    data_load: float | None = Field(default=None, ge=0, description="Reading and tokenising the data set.")
+    model_load: float | None = Field(
+        default=None, ge=0, description="The rest of the build: models, optimizers, memory plan, checkpoint restore."
+    )
+    first_step: float | None = Field(default=None, ge=0, description="The first step, compile and capture included.")
+    compile: float | None = Field(
+        default=None, ge=0, description="Of the first step: torch.compile's compile time, by torch's own timers."
+    )
+    decode_capture: float | None = Field(
+        default=None, ge=0, description="Of the first step: setting up decoding, its KV cache and CUDA graphs (ppo, grpo)."
+    )
+    total: float | None = Field(default=None, ge=0, description="Process start to the last stage reported.")
+
+
 class ProgressStatus(Status):
     """Training progress, as rank 0's /progress last reported it."""
 
@@ -142,6 +163,9 @@ class ProgressStatus(Status):
         description="Rank 0's GPU memory plan, made before the first step: what the GPU holds (weights, "
         "gradients, AdamW state, KV cache, checkpoint snapshot, reserve, in GiB) and the budgets left for batches "
         "(batching.memoryFraction of the card).",
+    )
+    startup_seconds: StartupStatus | None = Field(
+        default=None, description="Where this attempt's start-up time went, to the end of its first step."
     )
     updated_at: datetime | None = Field(default=None, description="When this was last read.")
 

@@ -57,7 +57,7 @@ def plan_and_admit(d: Decider) -> Decision:
     d.event("Normal", "Placed", f"attempt {s.attempt}: " + "; ".join(messages))
     if placement.fallback:
         d.event("Warning", "PlacementFallback", "; ".join(placement.messages))
-    objects = render.render(job.ref, d.sized_spec(), placement, s.attempt)
+    objects = render.render(job.ref, d.sized_spec(), placement, s.attempt, d.compile_cache())
     # The plan was made on a fresh inventory that counts every other job's unbound pods, so the
     # whole gang fits now: admit it in the same step. The pods are still created gated and the
     # gates removed only after every create succeeded, so no pod binds while its gang is
@@ -77,7 +77,7 @@ def admit(d: Decider, gang: Gang) -> Decision:
     s, job, spec, placement = d.s, d.job, gang.spec, gang.placement
     if gang.missing:
         objects = [render.render_service(job.ref), render.render_configmap(job.ref, spec, placement.device_map)]
-        objects += [render.render_pod(job.ref, spec, placement, plan, s.attempt) for plan in gang.missing]
+        objects += [render.render_pod(job.ref, spec, placement, plan, s.attempt, d.compile_cache()) for plan in gang.missing]
         return d.finish("Scheduling", "Placed", f"creating {len(gang.missing)} missing pods",
                         action="create", create=objects)
     gated = gang.gated

@@ -93,6 +93,13 @@ class Decider:
         self.s = state
         self.old_phase = state.phase
 
+    def compile_cache(self) -> render.CompileCacheVolume | None:
+        """The cluster's volume for torch.compile's caches in every trainer pod (Settings), or None."""
+        st = self.settings
+        if not (st.compile_cache_claim or st.compile_cache_host_path):
+            return None
+        return render.CompileCacheVolume(st.compile_cache_path, st.compile_cache_claim, st.compile_cache_host_path)
+
     # -- observed facts -----------------------------------------------------------------------
 
     def sized_spec(self) -> Any:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Settings:
-    """Operator-side timing knobs (not part of a job's spec)."""
+    """Operator-side knobs (not part of a job's spec): timings, and what the cluster offers every job."""
 
     backoff_base_seconds: float = 10.0     # first restart waits this long, then doubles
     backoff_max_seconds: float = 300.0
@@ -29,6 +29,13 @@ class Settings:
     # A status write that only updates pod counts (status.counts_only) comes at most this often
     # per job; the latest counts are written when the interval ends. 0: every change at once.
     status_coalesce_seconds: float = 0.0
+    # A volume mounted into every trainer pod at compile_cache_path for torch.compile's caches (the
+    # chart's compileCache values): a PersistentVolumeClaim of that name in the job's namespace, or
+    # a hostPath directory on each node. Neither set: no volume (the caches sit next to the
+    # checkpoints, or where a job's checkpoint.compileCacheDir says).
+    compile_cache_claim: str = ""
+    compile_cache_host_path: str = ""
+    compile_cache_path: str = "/var/cache/rlkube/compile"
 
 
 @dataclass(frozen=True)

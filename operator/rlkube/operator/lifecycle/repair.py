@@ -43,7 +43,7 @@ def _repair(d: Decider, gang: Gang) -> Decision | None:
                 return timed_out
             # The admitting step stopped before all creates went through: finish them.
             objects = [render.render_service(job.ref), render.render_configmap(job.ref, spec, placement.device_map)]
-            pods = [render.render_pod(job.ref, spec, placement, plan, s.attempt) for plan in gang.missing]
+            pods = [render.render_pod(job.ref, spec, placement, plan, s.attempt, d.compile_cache()) for plan in gang.missing]
             ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in pods] if gang.gated_by_us else []
             return d.finish("Scheduling", "Admitted", f"creating {len(gang.missing)} missing pods",
                             action="create", create=objects + pods, ungate=ungate)

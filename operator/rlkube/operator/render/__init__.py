@@ -26,7 +26,8 @@ does not read; the environment's URL where the job has one, whose Deployment and
 `render.environment`'s); probes on /healthz; `/dev/shm` as a memory emptyDir (NCCL and DataLoader workers
 need more than the 64 MiB default); a checkpoint volume (the PVC of `checkpoint.volumeClaim`, else
 a hostPath per node under /var/lib/rlkube/<namespace>/<job>-<uid>, so a gang restarted on the
-same nodes resumes); restartPolicy Never (the operator restarts whole gangs); and a restricted
+same nodes resumes); where the cluster offers one (`CompileCacheVolume`, the chart's compileCache
+values), a volume for torch.compile's caches and its path in RLKUBE_COMPILE_CACHE; restartPolicy Never (the operator restarts whole gangs); and a restricted
 security context (non-root 1000, no privilege escalation, seccomp RuntimeDefault, all
 capabilities dropped) unless the spec's securityContext overrides the user, group or non-root
 setting.
@@ -35,6 +36,7 @@ setting.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -57,6 +59,7 @@ from rlkube.runtime.contract.pod import (
     CONFIG_FILE,
     CONFIG_PATH,
     ENV_ATTEMPT,
+    ENV_COMPILE_CACHE,
     ENV_CONFIG,
     ENV_ENVIRONMENT_URL,
     ENV_LOCAL_WORLD_SIZE,
@@ -75,6 +78,25 @@ from rlkube.runtime.contract.pod import (
 )
 
 HOST_CHECKPOINT_ROOT = "/var/lib/rlkube"
+COMPILE_CACHE_VOLUME = "rlkube-compile-cache"  # validation.paths.RESERVED_VOLUME_NAMES holds it
+
+
+@dataclass(frozen=True)
+class CompileCacheVolume:
+    """A volume the cluster's operator mounts into every trainer pod for torch.compile's caches,
+    so a restarted pod (another node, a fresh checkpoint directory, a new job of the same model
+    shape) starts from compiled graphs: a PersistentVolumeClaim in the job's namespace, or a
+    hostPath directory on every node (created if missing). The runtime uses it where a job names
+    no checkpoint.compileCacheDir."""
+
+    mount_path: str
+    claim_name: str = ""
+    host_path: str = ""
+
+    def volume(self) -> dict:
+        source = ({"persistentVolumeClaim": {"claimName": self.claim_name}} if self.claim_name
+                  else {"hostPath": {"path": self.host_path, "type": "DirectoryOrCreate"}})
+        return {"name": COMPILE_CACHE_VOLUME, **source}
 DEFAULT_UID = 1000
 # Time the trainer gets on SIGTERM to write a checkpoint and exit 143.
 TERMINATION_GRACE_SECONDS = 120
@@ -229,7 +251,8 @@ def _security(spec: RLTrainingJobSpec) -> tuple[dict, dict]:
     return pod, container
 
 
-def _env(job: JobRef, spec: RLTrainingJobSpec, plan: PodPlan, attempt: int) -> list[dict]:
+def _env(job: JobRef, spec: RLTrainingJobSpec, plan: PodPlan, attempt: int,
+         cache: CompileCacheVolume | None = None) -> list[dict]:
     """The contract's OPERATOR_ENV, each read by the runtime. A pod's roles, index and name are
     not passed: the runtime derives its roles from run.yaml's device map and its rank."""
     values = {
@@ -244,6 +267,8 @@ def _env(job: JobRef, spec: RLTrainingJobSpec, plan: PodPlan, attempt: int) -> l
     url = environment_url(job, spec)
     if url is not None:  # roles.environment: its Service (render/environment.py)
         values[ENV_ENVIRONMENT_URL] = url
+    if cache is not None:
+        values[ENV_COMPILE_CACHE] = cache.mount_path
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
@@ -266,7 +291,8 @@ def _probes() -> dict:
     }
 
 
-def _volumes(job: JobRef, spec: RLTrainingJobSpec) -> tuple[list[dict], list[dict]]:
+def _volumes(job: JobRef, spec: RLTrainingJobSpec, cache: CompileCacheVolume | None = None
+             ) -> tuple[list[dict], list[dict]]:
     """(volumes, trainer volumeMounts)."""
     volumes: list[dict] = [
         {"name": "config", "configMap": {"name": configmap_name(job.name)}},
@@ -293,6 +319,9 @@ def _volumes(job: JobRef, spec: RLTrainingJobSpec) -> tuple[list[dict], list[dic
         )
         volumes.append({"name": extra.name, **source})
         mounts.append({"name": extra.name, "mountPath": extra.mount_path, "readOnly": extra.read_only})
+    if cache is not None:
+        volumes.append(cache.volume())
+        mounts.append({"name": COMPILE_CACHE_VOLUME, "mountPath": cache.mount_path})
     return volumes, mounts
 
 
@@ -327,15 +356,16 @@ def progress_port(spec: RLTrainingJobSpec) -> int:
     return PROGRESS_PORT
 
 
-def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan: PodPlan, attempt: int) -> dict:
-    """The pod of one planned slot, for restart attempt `attempt`."""
+def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan: PodPlan, attempt: int,
+               cache: CompileCacheVolume | None = None) -> dict:
+    """The pod of one planned slot, for restart attempt `attempt` (`cache`: CompileCacheVolume)."""
     device_map = placement.device_map
     name = pod_name(job.name, slot_name(plan.ranks, device_map, gpu_owners(spec)), plan.index)
     gpus = str(spec.placement.gpus_per_pod)
     requests = {**_quantities(spec.resources.requests), GPU_RESOURCE: gpus}
     limits = {**_quantities(spec.resources.limits), GPU_RESOURCE: gpus}
     pod_security, container_security = _security(spec)
-    volumes, mounts = _volumes(job, spec)
+    volumes, mounts = _volumes(job, spec, cache)
     ports = [
         {"name": PROGRESS_PORT_NAME, "containerPort": progress_port(spec), "protocol": "TCP"},
         {"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"},
@@ -345,7 +375,7 @@ def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "rlkube.runtime", "run", CONFIG_PATH],
-        "env": _env(job, spec, plan, attempt),
+        "env": _env(job, spec, plan, attempt, cache),
         "ports": ports,
         "resources": {"requests": requests, "limits": limits},
         "securityContext": container_security,
@@ -408,10 +438,11 @@ def render_pod(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, plan:
     }
 
 
-def render(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, attempt: int) -> list[dict]:
+def render(job: JobRef, spec: RLTrainingJobSpec, placement: Placement, attempt: int,
+           cache: CompileCacheVolume | None = None) -> list[dict]:
     """Every object of one attempt: [Service, ConfigMap, Pod 0, Pod 1, ...]."""
     return [
         render_service(job),
         render_configmap(job, spec, placement.device_map),
-        *(render_pod(job, spec, placement, plan, attempt) for plan in placement.pods),
+        *(render_pod(job, spec, placement, plan, attempt, cache) for plan in placement.pods),
     ]

@@ -33,6 +33,8 @@ from rlkube.runtime.contract.progress import (
     OUTPUT_STEP,
     OUTPUTS,
     PROGRESS_FIELDS,
+    STARTUP_PARTS,
+    STARTUP_SECONDS,
     STATUS_OUTPUTS,
     STATUS_SUMMARY,
     SUMMARY,
@@ -205,6 +207,11 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime, gpus: int | Non
             if isinstance(value, str) and value:
                 out[key] = value[:MEMORY_PLAN_MAX_CHARS]
             continue
+        if key == STARTUP_SECONDS:
+            split = startup_status(value)
+            if split:
+                out[key] = split
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if value != value or value in (float("inf"), float("-inf")):
@@ -222,6 +229,19 @@ def progress_status(report: Mapping[str, Any], now: dt.datetime, gpus: int | Non
         out[key] = value
     out.update(pace(out, gpus))
     out["updatedAt"] = format_time(now)
+    return out
+
+
+def startup_status(value: Any) -> dict:
+    """status.progress.startupSeconds from the report's split: its known parts that are finite,
+    non-negative seconds."""
+    if not isinstance(value, Mapping):
+        return {}
+    out = {}
+    for key in STARTUP_PARTS:
+        seconds = value.get(key)
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf"):
+            out[key] = round(float(seconds), 3)
     return out
 
 

@@ -2,8 +2,10 @@
 
 The operator renders these names into every pod (render.py); the runtime reads them (cli.py,
 infra/launch.py, infra/distributed.py) and answers with an exit code the operator acts on.
-- `OPERATOR_ENV`: every env variable the operator sets (ENV_ENVIRONMENT_URL only where the job has
-  an environment); each one is read by the runtime (a unit test holds both sides to it). `RUNTIME_ENV`: set by launch.py or torchrun, not the operator.
+- `OPERATOR_ENV`: every env variable the operator sets on every pod, `OPERATOR_ENV_OPTIONAL` those
+  it sets where the job or the cluster asks for them (ENV_ENVIRONMENT_URL where the job has an
+  environment, the compile cache where the chart mounts one); each one is read by the runtime (a
+  unit test holds both sides to it). `RUNTIME_ENV`: set by launch.py or torchrun, not the operator.
 - `CONFIG_PATH`: where run.yaml (a `RuntimeConfig`, from the job's ConfigMap) is mounted.
 - Ports: `MASTER_PORT` (torch.distributed rendezvous on pod 0) and `PROGRESS_PORT` (HTTP on every
   pod: /healthz for the kubelet's probes; rank 0 also /progress for the operator, /metrics).
@@ -36,6 +38,11 @@ OPERATOR_ENV: tuple[str, ...] = (
     ENV_ATTEMPT,
     ENV_ENVIRONMENT_URL,
 )
+
+# Set by the operator only where its chart mounts a volume for torch.compile's caches into every
+# trainer pod (values compileCache): the mount path, used when a job names no cache directory.
+ENV_COMPILE_CACHE = "RLKUBE_COMPILE_CACHE"
+OPERATOR_ENV_OPTIONAL: tuple[str, ...] = (ENV_COMPILE_CACHE,)
 
 # Set per process by launch.py (a pod of several GPUs starts one worker per GPU) or by torchrun.
 ENV_RANK = "RANK"

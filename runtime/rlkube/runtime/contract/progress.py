@@ -7,8 +7,9 @@ ends. The operator polls it (progress_client.py) or reads that message, and copi
 the exported model and the run's summary go to `status.outputs` and `status.summary`.
 Fields mapped to None are reported for people and logs only: the trainer's own stage (`phase`;
 the job's phase is the operator's), the restart attempt it runs as (`status.attempt` is the
-operator's), and the breakdowns behind `gpuUtilization` (per-phase busy and seconds, the start-up
-split), which change every step and would only churn the job's status. docs/architecture.md
+operator's), and the breakdowns behind `gpuUtilization` (per-phase busy and seconds), which change
+every step and would only churn the job's status. The start-up split is copied: the start sets it,
+the first step completes it, and then it stays. docs/architecture.md
 ("The contract") draws the whole map.
 """
 
@@ -27,7 +28,9 @@ REWARD_MEAN = "rewardMean"             # mean rollout reward (DPO: chosen implic
 ATTEMPT = "attempt"                    # gang restart attempt, from the pod's env (pod.ENV_ATTEMPT)
 GPU_BUSY_PHASES = "gpuBusyPhases"      # {phase: GPU busy ratio 0..1 within it, mean over ranks}, last step
 PHASE_SECONDS = "phaseSeconds"         # {phase: seconds rank 0 spent in it}, last step
-STARTUP_SECONDS = "startupSeconds"     # {import, modelLoad, firstStep, total}: process start -> first step
+STARTUP_SECONDS = "startupSeconds"     # {import, dataLoad, modelLoad, firstStep, compile, decodeCapture, total}
+# The keys of STARTUP_SECONDS (infra/startup.startup_split), seconds each.
+STARTUP_PARTS: tuple[str, ...] = ("import", "dataLoad", "modelLoad", "firstStep", "compile", "decodeCapture", "total")
 OUTPUTS = "outputs"                    # {"model"/"adapter": {"path", "step"}}: the latest export (infra/export.py)
 MEMORY_PLAN = "memoryPlan"             # one line: rank 0's GPU memory plan (terms in GiB, budgets), from the start
 MEMORY_PLAN_MAX_CHARS = 1024
@@ -59,7 +62,7 @@ STATUS_PROGRESS: dict[str, str | None] = {
     ATTEMPT: None,
     GPU_BUSY_PHASES: None,
     PHASE_SECONDS: None,
-    STARTUP_SECONDS: None,
+    STARTUP_SECONDS: "startupSeconds",
     EVAL_STEP: "evalStep",
     EVAL_LOSS: None,  # for people and /metrics; accuracy and reward say what a status needs
     EVAL_ACCURACY: "evalAccuracy",

@@ -1,7 +1,8 @@
 """Checkpoints with torch.distributed.checkpoint (DCP), committed atomically.
 
 Layout under `checkpoint.dir`:
-    step-000000040/              a committed checkpoint: DCP shards + rlkube-checkpoint.json
+    step-000000040/              a committed checkpoint: DCP shards + rlkube-checkpoint.json (+ files
+                                 ranks attach, such as compile-artifacts/: compile_artifacts.py)
     .tmp-step-000000050-<pid>/   a save in progress (or one that died): never read
 
 A save writes the DCP shards of every rank into a temp directory, then rank 0 renames it to
@@ -36,6 +37,8 @@ their own, so they never interleave with the training loop's collectives on the 
 A save due while the previous one is still writing waits for it first (never two in flight,
 never one skipped); `wait()` is the end of training's (and SIGTERM's) "until it committed". The
 time the step loop spends inside `save` (waiting + staging) is its stall, logged per save.
+A save may take more work on its staged copy (`with_staged`: the run's final export, written
+from the same host copy on a thread beside the shards' writer); `wait()` covers it too.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlkube.runtime.infra.compile_artifacts import write_attachments
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
 from rlkube.runtime.infra.progress import attempt_from_env
@@ -222,6 +226,10 @@ class Checkpointer:
         # before the shards are written, and after they are written but before the commit.
         self.before_write: Callable[[int], None] | None = None
         self.before_commit: Callable[[int], None] | None = None
+        # Files this rank adds to each checkpoint ({name relative to it: bytes}), asked for on the
+        # training thread at each save and written into the temp directory before the commit
+        # (compile_artifacts.py: torch.compile's cache artifacts).
+        self.attachments: Callable[[], dict[str, bytes]] | None = None
         self.stalls: list[float] = []  # seconds the step loop spent in each save
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -296,10 +304,14 @@ class Checkpointer:
         return carved
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict,
-             model_meta: dict | None = None) -> Path:
+             model_meta: dict | None = None, with_staged: Callable[[dict], None] | None = None) -> Path:
         """Checkpoint after `step` steps; returns once the state is safe from training (staged, or
         written and committed when not in the background). Collective. `model_meta` (export.model_meta:
-        what the model is) is kept in the metadata, so the checkpoint can be exported on its own."""
+        what the model is) is kept in the metadata, so the checkpoint can be exported on its own.
+        `with_staged(state)`: more work on the same staged copy (the run's final export), on a thread
+        of its own while the shards are written; the save's `wait()` covers it and re-raises what
+        failed it. Called with the state in host memory ({"model": ..., "optim": ...}) in the
+        background, with the live state otherwise."""
         t0 = time.perf_counter()
         self.wait()
         if self._preparing is not None:  # the buffers prepare() allocates (done long since, normally)
@@ -314,6 +326,7 @@ class Checkpointer:
         model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         meta = {"step": step, "worldSize": ctx.world_size, "trainer": trainer, "attempt": attempt_from_env()}
+        files = self.attachments() if self.attachments is not None else {}
         if model_meta is not None:
             meta["model"] = model_meta
         staged_on = None
@@ -323,11 +336,12 @@ class Checkpointer:
                 snapshot, staged_on = [self._snapshot.take(state)], "device"
             else:
                 state, staged_on = self._stage(state), "host"
-            self._writer = threading.Thread(target=self._write_in_background, args=(step, tmp, state, meta, snapshot),
+            self._writer = threading.Thread(target=self._write_in_background,
+                                            args=(step, tmp, state, meta, snapshot, files, with_staged),
                                             name=f"rlkube-checkpoint-{step}")
             self._writer.start()
         else:
-            self._write(step, tmp, state, meta)
+            self._write_beside(step, tmp, state, meta, files, with_staged)
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         if ctx.is_main:
@@ -361,13 +375,15 @@ class Checkpointer:
         elif not self.background:
             barrier(self.ctx)
 
-    def _write(self, step: int, tmp: Path, state: dict, meta: dict) -> None:
-        """Write the shards, wait for every rank's, commit on rank 0. Collective (on the writer's group)."""
+    def _write(self, step: int, tmp: Path, state: dict, meta: dict, files: dict[str, bytes] | None = None) -> None:
+        """Write the shards and this rank's attached files, wait for every rank's, commit on rank 0.
+        Collective (on the writer's group)."""
         t0 = time.perf_counter()
         if self.before_write is not None:
             self.before_write(step)
         dcp.save(state, storage_writer=FileSystemWriter(str(tmp), thread_count=WRITE_THREADS),
                  process_group=self._group)
+        write_attachments(tmp, files or {})
         self._group_barrier()  # every rank's shards are on disk before anything is committed
         if self.before_commit is not None:
             self.before_commit(step)
@@ -387,7 +403,32 @@ class Checkpointer:
                   "writeSeconds": round(time.perf_counter() - t0, 4)})
         self._group_barrier()
 
-    def _write_in_background(self, step: int, tmp: Path, state: dict, meta: dict, snapshot: list) -> None:
+    def _write_beside(self, step: int, tmp: Path, state: dict, meta: dict, files: dict[str, bytes],
+                      with_staged: Callable[[dict], None] | None) -> None:
+        """`_write`, with `with_staged(state)` on a thread of its own meanwhile; both done on return
+        (the first error raised: the write's, else the side work's)."""
+        if with_staged is None:
+            self._write(step, tmp, state, meta, files)
+            return
+        failed: list[BaseException] = []
+
+        def side() -> None:
+            try:
+                with_staged(state)
+            except BaseException as e:  # re-raised on the writer below
+                failed.append(e)
+
+        beside = threading.Thread(target=side, name=f"rlkube-checkpoint-{step}-beside")
+        beside.start()
+        try:
+            self._write(step, tmp, state, meta, files)
+        finally:
+            beside.join()
+        if failed:
+            raise failed[0]
+
+    def _write_in_background(self, step: int, tmp: Path, state: dict, meta: dict, snapshot: list,
+                             files: dict[str, bytes], with_staged: Callable[[dict], None] | None = None) -> None:
         t0 = time.perf_counter()
         try:
             if snapshot:
@@ -401,7 +442,7 @@ class Checkpointer:
                           "toHostSeconds": round(time.perf_counter() - t0, 4), "stateBytes": state_bytes(state),
                           "poolBytes": pool.nbytes if pool else 0,
                           "poolReady": bool(pool and pool.ready.is_set()), "poolError": pool.error if pool else None})
-            self._write(step, tmp, state, meta)
+            self._write_beside(step, tmp, state, meta, files, with_staged)
         except BaseException as e:  # handed to the training thread by wait()
             self._error = e
 

@@ -342,8 +342,25 @@ class Exporter:
             full = get_model_state_dict(wrapper, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.is_main:
             return None
-        spec, hf_config = self.config.model, wrapper.lm.config.to_dict()
         state = {key[len(MODEL_PREFIX):]: value for key, value in full.items()}
+        return self.write(step, state, wrapper.lm.config.to_dict(), t0)
+
+    def from_staged(self, step: int, model_state: dict, prefix: str, hf_config: dict) -> dict:
+        """The export of `step` from a checkpoint's staged copy of the trained state (its "model"
+        part: full tensors in host memory, named as in the checkpoint, the actor's under
+        `prefix`), on this process alone: no second copy of the weights is gathered. Only for an
+        actor that is not sharded (one rank holds every tensor); /progress fields as __call__'s."""
+        t0 = time.perf_counter()
+        head = f"{prefix}{MODEL_PREFIX}"
+        state = {key[len(head):]: value for key, value in model_state.items() if key.startswith(head)}
+        if not state:
+            raise ValueError(f"export: the staged state holds no tensors under {head!r}")
+        return self.write(step, state, hf_config, t0)
+
+    def write(self, step: int, state: dict[str, torch.Tensor], hf_config: dict, t0: float) -> dict:
+        """Write the export of `state` (HF names, full tensors on CPU) after `step` steps; its
+        /progress fields (rank 0)."""
+        spec = self.config.model
         outputs = {}
         if spec.lora is None:
             write_model_dir(hf_config, state, spec.tokenizer, self.dest, {"step": step})

@@ -1,11 +1,20 @@
 """Where the time from process start to the first trained step goes.
 
 A 1.5B model took 10-12 s from process start to the GPU's first busy sample, reported as one
-`setupSeconds`. Split, it says what to fix:
-- import:     process start -> the trainer starts building (interpreter, torch, transformers,
-              the rendezvous);
-- modelLoad:  building models, optimizers, data, and restoring a checkpoint;
-- firstStep:  the first step (kernel selection, allocator warm-up, CUDA graph capture).
+`setupSeconds`. Split, it says what to fix (`startup_split`, the start record's and the first
+step's `startupSeconds`, /progress and status.progress):
+- import:        process start -> the trainer starts building (interpreter, torch, transformers,
+                 the rendezvous);
+- dataLoad:      reading and tokenising the data set (and the eval split), inside the build;
+- modelLoad:     the rest of the build: models, optimizers, the memory plan, and restoring a
+                 checkpoint (the build's wall time less dataLoad);
+- firstStep:     the first step, of which
+  - compile:       seconds torch.compile spent compiling (forward and backward graphs, as torch's
+                   own compile timers count them: measured, not estimated; a cache hit counts
+                   its load), and
+  - decodeCapture: seconds spent setting up decoding: its KV cache and, on CUDA, capturing the
+                   decode step's graphs (PPO/GRPO's decodeCaptureSeconds);
+- total:         process start -> the end of the first step.
 
 The process start comes from the kernel (/proc/self/stat) where there is one, so the import
 share counts the interpreter's own start; elsewhere it counts from this module's import.
@@ -16,6 +25,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rlkube.runtime.contract.pod import ENV_COMPILE_CACHE
 
 _IMPORTED_AT = time.time()
 
@@ -35,14 +48,17 @@ def process_start_time() -> float:
 
 
 class StartupClock:
-    """Marks the end of each start-up stage; `seconds()` is the split so far."""
+    """Marks the end of each start-up stage, and times the parts inside a stage (`within`);
+    `seconds()` is the split so far (startup_split)."""
 
     STAGES = ("import", "modelLoad", "firstStep")
+    PARTS = ("dataLoad", "compile", "decodeCapture")  # dataLoad inside modelLoad's span, the others in firstStep's
 
     def __init__(self, started: float | None = None, clock=time.time) -> None:
         self.clock = clock
         self.started = process_start_time() if started is None else started
         self.marks: dict[str, float] = {}
+        self.parts: dict[str, float] = {}
 
     def mark(self, stage: str) -> None:
         """`stage` ended now (a stage marked twice keeps its first end)."""
@@ -50,39 +66,88 @@ class StartupClock:
             raise ValueError(f"unknown start-up stage {stage!r}: one of {self.STAGES}")
         self.marks.setdefault(stage, self.clock())
 
+    def add(self, part: str, seconds: float) -> None:
+        """`seconds` more spent in `part` (one of PARTS)."""
+        if part not in self.PARTS:
+            raise ValueError(f"unknown start-up part {part!r}: one of {self.PARTS}")
+        self.parts[part] = self.parts.get(part, 0.0) + max(seconds, 0.0)
+
+    @contextmanager
+    def within(self, part: str) -> Iterator[None]:
+        """Within: time counted to `part`."""
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            self.add(part, self.clock() - t0)
+
     def seconds(self) -> dict[str, float]:
-        """Seconds of each marked stage, and `total` to the last mark (camelCase keys)."""
-        out: dict[str, float] = {}
-        before = self.started
-        for stage in self.STAGES:
-            if stage not in self.marks:
-                break
-            out[stage] = round(self.marks[stage] - before, 3)
-            before = self.marks[stage]
-        if out:
-            out["total"] = round(before - self.started, 3)
-        return out
+        return startup_split(self.started, self.marks, self.parts)
+
+
+def startup_split(started: float, marks: dict[str, float], parts: dict[str, float]) -> dict[str, float]:
+    """The start-up split (module docstring) from the process start, the wall-clock end of each
+    stage marked so far (import, modelLoad, firstStep), and the seconds of the parts timed inside
+    them (dataLoad in the build, between the import and modelLoad marks; compile and decodeCapture
+    in the first step). Stages are cut at the first unmarked one; `total` runs to the last mark.
+    Seconds rounded to milliseconds, camelCase keys."""
+    out: dict[str, float] = {}
+    before = started
+    for stage in StartupClock.STAGES:
+        if stage not in marks:
+            break
+        span = marks[stage] - before
+        if stage == "modelLoad" and "dataLoad" in parts:
+            data = min(parts["dataLoad"], span)
+            out["dataLoad"] = round(data, 3)
+            span -= data
+        out[stage] = round(span, 3)
+        if stage == "firstStep":
+            for part in ("compile", "decodeCapture"):
+                if parts.get(part):
+                    out[part] = round(min(parts[part], span), 3)
+        before = marks[stage]
+    if out:
+        out["total"] = round(before - started, 3)
+    return out
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process so far (forward frames and
+    backward graphs, torch's own cumulative timers); 0 when nothing was compiled."""
+    if "torch._dynamo" not in sys.modules:
+        return 0.0
+    from torch._dynamo.utils import calculate_time_spent
+
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
 
 
 # Where torch.compile keeps its on-disk caches (inductor's FX graph and AOTAutograd caches, and
-# Triton's kernels under it), relative to checkpoint.dir.
+# Triton's kernels under TRITON_SUBDIR), relative to checkpoint.dir.
 COMPILE_CACHE = ".compile-cache"
+TRITON_SUBDIR = "triton"
 
 
 def compile_cache_env(checkpoint_dir: str, env: dict[str, str], cache_dir: str | None = None) -> dict[str, str]:
-    """The environment that keeps torch.compile's caches next to the checkpoints, so a restarted
-    or resumed trainer (a new pod, a new /tmp) loads the first attempt's compiled graphs instead
-    of compiling again: a 1.5B model's first DPO step is 32-35 s on an H200, nearly all compile.
-    `cache_dir` (checkpoint.compileCacheDir) puts them elsewhere, such as a volume other jobs
-    mount too. A cache directory the user set (TORCHINDUCTOR_CACHE_DIR) wins. Set before the
-    first compile; spawned workers inherit it."""
+    """The environment that keeps torch.compile's caches where a restarted or resumed trainer (a
+    new pod, a new /tmp) finds them, so it loads the first attempt's compiled graphs instead of
+    compiling again: a 1.5B model's first DPO step is 32-35 s on an H200, nearly all compile.
+
+    Where, first that applies: a cache directory the user set (TORCHINDUCTOR_CACHE_DIR: nothing
+    is changed); the job's `cache_dir` (checkpoint.compileCacheDir, such as a volume other jobs
+    mount too); the cluster's cache volume (RLKUBE_COMPILE_CACHE, set by the operator where the
+    chart mounts one); else next to the checkpoints. Triton's kernels go under it
+    (TRITON_CACHE_DIR, unless set). Set before the first compile; spawned workers inherit it."""
     if env.get("TORCHINDUCTOR_CACHE_DIR"):
         return {}
-    if cache_dir:
-        return {"TORCHINDUCTOR_CACHE_DIR": cache_dir}
-    if not checkpoint_dir:
+    chosen = cache_dir or env.get(ENV_COMPILE_CACHE) or (
+        os.path.join(checkpoint_dir, COMPILE_CACHE) if checkpoint_dir else "")
+    if not chosen:
         return {}
-    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(checkpoint_dir, COMPILE_CACHE)}
+    out = {"TORCHINDUCTOR_CACHE_DIR": chosen}
+    if not env.get("TRITON_CACHE_DIR"):
+        out["TRITON_CACHE_DIR"] = os.path.join(chosen, TRITON_SUBDIR)
+    return out
 
 
 # The CUDA caching allocator's setting the runtime starts with, unless the user set one.

@@ -37,16 +37,17 @@ import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.engine.freezing import parameter_budget
-from rlkube.runtime.infra.checkpoint import Checkpointer
+from rlkube.runtime.infra.checkpoint import Checkpointer, latest
+from rlkube.runtime.infra.compile_artifacts import load_artifacts, saved_artifacts
 from rlkube.runtime.infra.distributed import DistContext, init_from_env, shutdown, tighten_timeout
 from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
 from rlkube.runtime.infra.export import Exporter, model_meta
 from rlkube.runtime.infra.gpu_busy import BusySampler, JobBusy, gather_busy, sampler_for
-from rlkube.runtime.infra.log import log, setup_logging
+from rlkube.runtime.infra.log import emit, log, setup_logging
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
 from rlkube.runtime.infra.sigterm import SigtermFlag
 from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
-from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts
+from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts, compile_seconds
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
@@ -62,6 +63,9 @@ class TrainerHooks:
     # the process or hold the writer.
     before_checkpoint_commit: Callable[[int], None] | None = None
     busy_sampler: Callable[[torch.device], BusySampler] | None = None  # default gpu_busy.sampler_for (NVML)
+    # After the last step, on the thread that writes the export from the staged copy, before it
+    # writes (the checkpoint's shards are being written meanwhile); may kill the process.
+    during_tail: Callable[[int], None] | None = None
 
 
 _T = TypeVar("_T")
@@ -122,6 +126,10 @@ class Trainer:
 
     # What /progress and /metrics show of this trainer's steps besides the common fields.
     REPORT: ClassVar[StepReport]
+    # Set by save() after the last step: when the tail began, and the /progress fields of the export
+    # written beside the checkpoint from its staged copy ([] until written; None: none is).
+    tail_started: float | None = None
+    staged_export_fields: list | None = None
 
     def __init__(self, config: RuntimeConfig, ctx: DistContext, hooks: TrainerHooks | None = None) -> None:
         t0 = time.perf_counter()
@@ -134,12 +142,14 @@ class Trainer:
         self.optimizers: list[torch.optim.Optimizer] = []
         self.checkpoint_staging = "auto"  # build() may decide from its memory plan (plan_request.staging_of)
         torch.manual_seed(config.training.seed)
+        self.compile_artifacts = self.load_compile_artifacts()
         self.build()
         # Background writes always: the host copy costs the model and optimizer state once more in
         # host memory, which every GPU node this runs on has; the GPU never waits for the disk.
         self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx, background=True,
                                          staging=self.checkpoint_staging)
         self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
+        self.checkpointer.attachments = lambda: saved_artifacts(ctx.rank)  # torch.compile's work, for the restart
         self.monitor = GpuMonitor(ctx.device)
         self.peak, self.peak_source = peak_flops(ctx.device)
         self.start_step = 0
@@ -155,6 +165,7 @@ class Trainer:
         self.checkpointer.reserve(checkpoint_bytes_estimate(self.trainable))
         self.setup_seconds = time.perf_counter() - t0
         self.startup.mark("modelLoad")
+        self.compiled_before_first_step = compile_seconds()
 
     # -- what a trainer defines ----------------------------------------------------------
     def build(self) -> None:
@@ -254,11 +265,13 @@ class Trainer:
                 result.steps.append(rec)
                 report.step(rec)
                 stop = sigterm.agreed(ctx)  # every rank stops after the same step
+                last = rec.step == cfg.training.steps and not stop
                 if stop or checkpoint_due(cfg, rec.step):
-                    report.checkpointed(self.save(rec.step))
+                    report.checkpointed(self.save(rec.step, last=last))
                 if stop:  # a stopped run's checkpoint is exported later, if wanted
                     raise Terminated(rec.step)
                 report.exported(self.export(rec.step))
+            console.tail(self.tail_done())
             report.succeeded()
         result.decisions = self.decisions()
         return result
@@ -285,11 +298,32 @@ class Trainer:
         rec.busy_ranks = job.ranks
         self.observe(rec, job)
         if "firstStep" not in self.startup.marks:
-            self.startup.mark("firstStep")
-            rec.startup_seconds = self.startup.seconds()
-            rec.compile_cache = compile_cache_counts()
-            self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
+            self.first_step_done(rec)
         return rec
+
+    def first_step_done(self, rec: StepRecord) -> None:
+        """This run's first step `rec` is over: the start-up split completed into its record (its
+        compile seconds by torch's timers, its decode graph capture from the step's own field),
+        the compile cache's hits and misses, the checkpoint's host buffers started."""
+        self.startup.mark("firstStep")
+        self.startup.add("compile", compile_seconds() - self.compiled_before_first_step)
+        self.startup.add("decodeCapture", float(rec.fields.get("decodeCaptureSeconds") or 0.0))
+        rec.startup_seconds = self.startup.seconds()
+        rec.compile_cache = compile_cache_counts()
+        if rec.compile_cache is not None and self.compile_artifacts is not None:
+            rec.compile_cache["loaded"] = self.compile_artifacts["path"]
+        self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
+
+    def load_compile_artifacts(self) -> dict | None:
+        """torch.compile's cache artifacts from the latest committed checkpoint, loaded into this
+        process's compile caches before anything compiles (infra/compile_artifacts.py); what was
+        loaded, or None."""
+        found = latest(self.config.checkpoint.dir)
+        return load_artifacts(found[1] if found else None, self.ctx.rank)
+
+    def loading_data(self):
+        """Within (a trainer's build): the time counts as the start-up split's dataLoad."""
+        return self.startup.within("dataLoad")
 
     @contextmanager
     def committed_on_exit(self) -> Iterator[None]:
@@ -303,13 +337,40 @@ class Trainer:
             finally:
                 self.close()
 
-    def save(self, step: int) -> float:
-        """Checkpoint after `step` steps (collective); the seconds it held the loop."""
+    def save(self, step: int, last: bool = False) -> float:
+        """Checkpoint after `step` steps (collective); the seconds it held the loop. After the `last`
+        step the tail starts here: the export, when due, is written from the checkpoint's staged
+        copy while the shards are written (staged_export)."""
         t0 = time.perf_counter()
+        if last:
+            self.tail_started = t0
+            self.staged_export_fields = None
         with self.busy.phase("checkpoint"):  # the stall: waiting for the previous write, staging
             self.checkpointer.save(step, self.trainable, self.optimizers, self.trainer_state(),
-                                   model_meta=self.model_meta())
+                                   model_meta=self.model_meta(), with_staged=self.staged_export(step) if last else None)
         return time.perf_counter() - t0
+
+    def staged_export(self, step: int) -> Callable[[dict], None] | None:
+        """The run's final export written from the checkpoint's staged host copy, on a thread
+        beside the checkpoint writer (infra/checkpoint.py `with_staged`): one copy of the state
+        leaves the device, and the tail is as long as the longer of the two writes, not their sum.
+        Only where this rank holds the whole actor (not sharded) and is rank 0; elsewhere None
+        (the export gathers the shards itself, `export`, while the checkpoint is written)."""
+        source = self.export_source()
+        exporter = Exporter(self.config, self.ctx.is_main)
+        if source is None or not self.ctx.is_main or self.ctx.sharded("actor") or not exporter.due(step):
+            return None
+        wrapper, prefix = source
+        hf_config = wrapper.lm.config.to_dict()
+        self.staged_export_fields = fields = []
+        hook = self.hooks.during_tail
+
+        def write(state: dict) -> None:
+            if hook is not None:
+                hook(step)
+            fields.append(exporter.from_staged(step, state["model"], prefix, hf_config))
+
+        return write
 
     def model_meta(self) -> dict | None:
         """What a checkpoint records of the actor's model, so `rlkube export` needs nothing else."""
@@ -318,9 +379,26 @@ class Trainer:
 
     def export(self, step: int) -> dict | None:
         """The HF export after `step` steps when due (collective over the actor's ranks); its
-        /progress fields on rank 0."""
-        source = self.export_source()
-        return Exporter(self.config, self.ctx.is_main)(step, source[0] if source else None)
+        /progress fields on rank 0. After the last step: the checkpoint and the export committed
+        (an export from the staged copy is written with the checkpoint: waited for here)."""
+        fields = None
+        if self.staged_export_fields is None:  # none written beside the checkpoint: gather and write here
+            source = self.export_source()
+            fields = Exporter(self.config, self.ctx.is_main)(step, source[0] if source else None)
+        if self.tail_started is not None:
+            self.checkpointer.wait()  # the last checkpoint committed (and the export beside it written)
+            fields = self.staged_export_fields[0] if self.staged_export_fields else fields
+        return fields
+
+    def tail_done(self) -> float | None:
+        """Seconds from the end of the last step to now, when the last checkpoint and the export
+        are committed and the process may exit (None: this run computed no last step)."""
+        if self.tail_started is None:
+            return None
+        seconds = round(time.perf_counter() - self.tail_started, 3)
+        if self.ctx.is_main:
+            emit({"event": "tail", "step": self.config.training.steps, "tailSeconds": seconds})
+        return seconds
 
 
 def train_on_this_rank(

@@ -194,9 +194,10 @@ class DPOTrainer(Trainer):
 
     def build(self) -> None:
         config, ctx = self.config, self.ctx
-        self.tokenizer = load_tokenizer(config.model.tokenizer)
-        self.data, self.eval_data = self.objective.load(self.tokenizer)
-        self.costs = self.objective.costs(self.data)
+        with self.loading_data():
+            self.tokenizer = load_tokenizer(config.model.tokenizer)
+            self.data, self.eval_data = self.objective.load(self.tokenizer)
+            self.costs = self.objective.costs(self.data)
         packing = config.data.packing
         lengths = None if packing or not config.data.length_bucketing else [c.longest for c in self.costs]
         try:

@@ -104,6 +104,11 @@ class RunConsole:
         if self.tally is not None:
             self.tally.exported(fields)
 
+    def tail(self, seconds: float | None) -> None:
+        """The run's tail: the last step to its checkpoint and export committed (the summary's tailSeconds)."""
+        if self.tally is not None:
+            self.tally.tail_seconds = seconds
+
     def __exit__(self, exc_type, exc, tb) -> None:
         summary = None
         try:

@@ -4,7 +4,8 @@
 What it holds (`RunTally.summary`): the steps this run computed, their tokens, the wall time since
 the process started and its start-up share, tokens per second per GPU over the training time
 (from the start event to the end of the last step, so checkpoint stalls and evaluations count),
-the mean over steps of the least busy GPU's busy fraction, the peak memory fraction (the largest
+the tail (the end of the last step to its checkpoint and export committed), the mean over steps
+of the least busy GPU's busy fraction, the peak memory fraction (the largest
 any step had) and what it is in GiB of the card, the newest committed checkpoint, the exported
 model and adapter, and the two Python lines that load the exported model. The same figures and
 paths (`status_summary`) end up in the job's status.summary and in the experiment trackers.
@@ -43,6 +44,7 @@ class RunTally:
         self.busy: list[float] = []
         self.peak: float | None = None
         self.outputs: dict = {}
+        self.tail_seconds: float | None = None  # the last step to its checkpoint and export committed
 
     def started(self, event: dict) -> None:
         self.started_at = self.clock()
@@ -72,7 +74,7 @@ class RunTally:
             "firstStep": self.steps[0] if self.steps else None, "lastStep": self.steps[-1] if self.steps else None,
             "tokens": self.tokens, "wallSeconds": round(self.clock() - process_start_time(), 2),
             "startupSeconds": self.startup_seconds, "trainingSeconds": round(training, 2),
-            "gpus": self.gpus,
+            "tailSeconds": self.tail_seconds, "gpus": self.gpus,
             "tokensPerSecondPerGpu": self.tokens / training / self.gpus if training > 0 else None,
             "gpuBusyMean": sum(self.busy) / len(self.busy) if self.busy else None,
             "peakMemoryFraction": self.peak,

@@ -26,7 +26,7 @@ SHM_DIR = "/dev/shm"
 RESERVED_MOUNT_PATHS = (CONFIG_DIR, SHM_DIR)
 # Names of the volumes render.py gives every pod (run.yaml's ConfigMap, shared memory, the
 # checkpoint store): a user volume of the same name would make the pod's volumes clash (422).
-RESERVED_VOLUME_NAMES = ("config", "dshm", "checkpoints")
+RESERVED_VOLUME_NAMES = ("config", "dshm", "checkpoints", "rlkube-compile-cache")
 
 # -- paths the trainer opens ----------------------------------------------------------------------
 

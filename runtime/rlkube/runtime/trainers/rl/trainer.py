@@ -95,11 +95,12 @@ class RLTrainer(Trainer):
         # config is validated (contract/algorithm_settings.py), before any pod starts.
         self.rows = cfg.batching.global_batch * self.group_size
         self._check_divisible()
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer)
-        # A prompt leaves room for the longest response: one completion, or a multi-turn episode.
-        data = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.episode_tokens)
-        self.data, eval_data = split_eval(
-            cfg.data, data, lambda spec: load_prompt_data(spec, self.tokenizer, cfg.rollout.episode_tokens))
+        with self.loading_data():
+            self.tokenizer = load_tokenizer(cfg.model.tokenizer)
+            # A prompt leaves room for the longest response: one completion, or a multi-turn episode.
+            data = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.episode_tokens)
+            self.data, eval_data = split_eval(
+                cfg.data, data, lambda spec: load_prompt_data(spec, self.tokenizer, cfg.rollout.episode_tokens))
         try:
             sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
         except ValueError as e:

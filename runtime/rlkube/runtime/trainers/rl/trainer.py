@@ -78,6 +78,15 @@ TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSecon
            "generationSeconds", "trainingSeconds")
 
 
+def load_prompts(cfg: RuntimeConfig) -> tuple:
+    """The tokenizer, the training prompts and the evaluation prompts (None without data.eval). A
+    prompt leaves room for the longest response: one completion, or a multi-turn episode."""
+    tokenizer = load_tokenizer(cfg.model.tokenizer)
+    data = load_prompt_data(cfg.data, tokenizer, cfg.rollout.episode_tokens)
+    train, eval_data = split_eval(cfg.data, data, lambda spec: load_prompt_data(spec, tokenizer, cfg.rollout.episode_tokens))
+    return tokenizer, train, eval_data
+
+
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
 
@@ -96,11 +105,7 @@ class RLTrainer(Trainer):
         self.rows = cfg.batching.global_batch * self.group_size
         self._check_divisible()
         with self.loading_data():
-            self.tokenizer = load_tokenizer(cfg.model.tokenizer)
-            # A prompt leaves room for the longest response: one completion, or a multi-turn episode.
-            data = load_prompt_data(cfg.data, self.tokenizer, cfg.rollout.episode_tokens)
-            self.data, eval_data = split_eval(
-                cfg.data, data, lambda spec: load_prompt_data(spec, self.tokenizer, cfg.rollout.episode_tokens))
+            self.tokenizer, self.data, eval_data = load_prompts(cfg)
         try:
             sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
         except ValueError as e:

@@ -213,6 +213,10 @@ class SummaryStatus(Status):
         default=None, ge=0, description="Training time: the start of training to the end of the last step "
         "(checkpoint stalls and evaluations count)."
     )
+    tail_seconds: float | None = Field(
+        default=None, ge=0, description="The tail: the end of the last step until the final checkpoint and "
+        "the export are both committed."
+    )
     tokens_per_second_per_gpu: float | None = Field(
         default=None, ge=0, description="tokens / trainingSeconds / gpus."
     )

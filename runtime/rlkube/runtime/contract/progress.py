@@ -91,8 +91,8 @@ OUTPUT_STEP = "step"
 # any may be null (not measured, or nothing of its kind: no export, no step).
 STATUS_SUMMARY = "summary"
 SUMMARY_COUNTS = ("steps", "firstStep", "lastStep", "tokens", "gpus")
-SUMMARY_NUMBERS = ("wallSeconds", "startupSeconds", "trainingSeconds", "tokensPerSecondPerGpu", "gpuBusyMean",
-                   "peakMemoryFraction", "peakMemoryGiB")
+SUMMARY_NUMBERS = ("wallSeconds", "startupSeconds", "trainingSeconds", "tailSeconds", "tokensPerSecondPerGpu",
+                   "gpuBusyMean", "peakMemoryFraction", "peakMemoryGiB")
 SUMMARY_PATHS = ("checkpoint", "model", "adapter")
 SUMMARY_FIELDS: tuple[str, ...] = SUMMARY_COUNTS + SUMMARY_NUMBERS + SUMMARY_PATHS
 

@@ -175,3 +175,16 @@ def test_a_model_compile_cannot_take_is_decoded_uncompiled(monkeypatch, caplog):
     assert not decoder.compiled_layers.enabled
     assert all(layer._compiled_call_impl is None for layer in model.model.layers)
     assert torch.equal(decoder.generate(ids, mask, params).response_ids, expected)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_greedy_first_64_tokens_match_hf_generate(model_type):
+    """Temperature 0: the engine's first 64 tokens are Hugging Face generate's greedy ones (float32,
+    left-padded prompts of mixed lengths, no EOS), so a rollout is the model's own output."""
+    model = tiny_model(model_type, "sdpa", seed=3)
+    ids, mask = left_padded(PROMPTS)
+    ours = Decoder(model).generate(ids, mask, SamplingParams(max_new_tokens=64, temperature=0.0, pad_token_id=PAD))
+    with torch.no_grad():
+        theirs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=64, min_new_tokens=64,
+                                do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    assert ours.response_ids.tolist() == theirs[:, ids.shape[1]:].tolist()

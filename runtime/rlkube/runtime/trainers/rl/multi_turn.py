@@ -4,7 +4,9 @@ answering its tool calls with the tool executor between turns (docs/multi-turn.m
 The engine's `EpisodeDecoder` generates turn by turn and asks, between turns, what to append to
 each row whose turn ended at the closing tool-call tag; this module answers: it decodes the
 turn, parses its call (tools/calls.py), steps the executor (`ToolExecutor.step(episode_id,
-call)`), and returns the tool turn's tokens (tools/turns.py). A malformed call is the policy's
+call)`; the calls of the rows whose turns ended together at once where the executor can:
+`tools.step_all`), and returns the tool turn's tokens (tools/turns.py). The executor is
+`rollout.tools.function`'s in-process one, or the job's environment for `rollout.tools.remote`. A malformed call is the policy's
 mistake: it is answered with the parse error as the tool's output, and counted. A call the
 executor fails (it raises, or answers ok=False) ends the episode, which is then masked out of
 the loss (its policy mask is zeroed: no token of it is trained on, and GRPO leaves it out of its
@@ -32,11 +34,12 @@ from rlkube.runtime.tools import (
     TOOL_CALL_CLOSE,
     MalformedToolCall,
     ToolExecutor,
-    ToolResult,
     ToolTurnFormat,
     load_tool_executor,
     parse_tool_call,
+    step_all,
 )
+from rlkube.runtime.tools.environment import connect_environment_tools
 
 
 @dataclass
@@ -68,9 +71,12 @@ class MultiTurnEpisodes:
 
     def __init__(self, config: RuntimeConfig, tokenizer: Tokenizer, engine: HybridEngine,
                  executor: ToolExecutor | None = None) -> None:
-        """`executor`: the tool executor (rollout.tools.function's when None)."""
+        """`executor`: the tool executor (rollout.tools' when None: the job's environment for
+        `remote`, before step 1, else the in-process function)."""
         rollout = config.rollout
-        if executor is None:
+        if executor is None and rollout.tools.remote:
+            executor = connect_environment_tools()
+        elif executor is None:
             try:
                 executor = load_tool_executor(rollout.tools.function)
             except ValueError as e:
@@ -90,8 +96,7 @@ class MultiTurnEpisodes:
         stats, failed = ToolStats(), set()
 
         def between(rows: list[int], turns: list[list[int]]) -> list[list[int] | None]:
-            return [self._answer(f"{episode_prefix}-{first_row + row}", row, turn, stats, failed)
-                    for row, turn in zip(rows, turns, strict=True)]
+            return self._answer([f"{episode_prefix}-{first_row + row}" for row in rows], rows, turns, stats, failed)
 
         if self.engine.generating:
             out = self.decoder.generate(ids, mask, params, between, generator, logprobs, self.engine.decoder.batch_rows)
@@ -106,19 +111,23 @@ class MultiTurnEpisodes:
             out.policy_mask[sorted(failed)] = 0
         return out, stats
 
-    def _answer(self, episode_id: str, row: int, turn: list[int], stats: ToolStats, failed: set[int]) -> list[int] | None:
-        try:
-            call = parse_tool_call(self.tokenizer.decode(turn))
-        except MalformedToolCall as e:
-            stats.malformed_calls += 1
-            return self.format.tokens(self.tokenizer, f"error: malformed tool call: {e}")
-        stats.tool_calls += 1
-        try:
-            result = self.executor.step(episode_id, call)
-        except Exception as e:  # the executor's own failure (its retries spent): masked out, counted
-            result = ToolResult(text=f"{type(e).__name__}: {e}", ok=False)
-        if not result.ok:
-            stats.tool_failures += 1
-            failed.add(row)
-            return None
-        return None if result.done else self.format.tokens(self.tokenizer, result.text)
+    def _answer(self, episode_ids: list[str], rows: list[int], turns: list[list[int]], stats: ToolStats,
+                failed: set[int]) -> list[list[int] | None]:
+        """The tool turns appended after `turns` (None: the episode ends), their calls made together."""
+        out: list[list[int] | None] = [None] * len(turns)
+        calls = []
+        for i, turn in enumerate(turns):
+            try:
+                calls.append((i, parse_tool_call(self.tokenizer.decode(turn))))
+            except MalformedToolCall as e:
+                stats.malformed_calls += 1
+                out[i] = self.format.tokens(self.tokenizer, f"error: malformed tool call: {e}")
+        stats.tool_calls += len(calls)
+        results = step_all(self.executor, [(episode_ids[i], call) for i, call in calls])
+        for (i, _), result in zip(calls, results, strict=True):
+            if not result.ok:
+                stats.tool_failures += 1
+                failed.add(rows[i])
+            elif not result.done:
+                out[i] = self.format.tokens(self.tokenizer, result.text)
+        return out

@@ -58,6 +58,12 @@ class ToolStats:
                 self.tool_tokens]
 
 
+# The step record's multi-turn fields as rank 0's /metrics gauges rlkube_<name> (docs/metrics.md)
+MULTI_TURN_GAUGES = {"turnsPerEpisode": "turns_per_episode", "toolCalls": "tool_calls",
+                     "toolCallFailures": "tool_call_failures", "malformedToolCalls": "malformed_tool_calls",
+                     "toolTokens": "tool_tokens"}
+
+
 def record_fields(totals: list[float]) -> dict:
     """The step record's multi-turn fields from `ToolStats.fields` summed over ranks."""
     episodes, turns, calls, failures, malformed, tool_tokens = totals

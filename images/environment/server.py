@@ -23,7 +23,7 @@ reward of the rest against metadata.answer given at the episode's first step. Ep
 this replica's memory (at most MAX_EPISODES, oldest dropped): a multi-turn trainer must keep an
 episode on one replica.
 
-Settings (environment variables): PORT (8000), SANDBOX_CPU_SECONDS (2), SANDBOX_WALL_SECONDS (5),
+Settings (environment variables): PORT (8000), HOST (0.0.0.0: every address of the pod), SANDBOX_CPU_SECONDS (2), SANDBOX_WALL_SECONDS (5),
 SANDBOX_MEMORY_MB (512), SANDBOX_PARALLEL (the CPUs this process may use: sandboxes run at once),
 FAIL_EVERY (0; N > 0 answers every Nth /v1/score call with 503, to test a trainer's retries),
 SCORE_DELAY_SECONDS (0; for benchmarks: each /v1/score item first holds a sandbox slot this long,
@@ -193,7 +193,7 @@ def main() -> None:
                            memory_bytes=int(env.get("SANDBOX_MEMORY_MB", 512)) * 1024 * 1024)
     environment = Environment(limits, int(env["SANDBOX_PARALLEL"]) if env.get("SANDBOX_PARALLEL") else None,
                               int(env.get("FAIL_EVERY", 0)), float(env.get("SCORE_DELAY_SECONDS", 0)))
-    server = make_server("0.0.0.0", int(env.get("PORT", 8000)), environment)
+    server = make_server(env.get("HOST", "0.0.0.0"), int(env.get("PORT", 8000)), environment)
     print(f"rlkube reference environment: protocol v{VERSION} on :{server.server_port}", flush=True)
     server.serve_forever()
 

@@ -108,7 +108,7 @@ def test_the_environment_answers_the_tool_calls(tmp_path, monkeypatch, environme
             assert tokens[start:end].tolist() == TOOL_TURN
         assert (f"s0-{r}" in called) == bool(tool_turns)  # the episode's own id, one episode per row
     rec = trainer.train_step(0, 3e-3)
-    assert rec["toolCalls"] > 0 and rec["toolCallFailures"] == 0
+    assert rec["toolCalls"] > 0 and rec["toolCallFailures"] == 0 and rec["toolCallRetries"] == 0
     assert rec["toolTokens"] == rec["toolCalls"] * len(TOOL_TURN)
 
 
@@ -123,6 +123,7 @@ def test_a_call_the_environment_keeps_failing_masks_its_episode_out(tmp_path, mo
     masked = {f"s0-{r}" for r in range(rollout.rows) if not rollout.trained_rows[r]}
     assert masked and masked <= broken
     assert stats["tools"].tool_failures == len(masked)
+    assert stats["tools"].tool_retries == len(masked) * trainer.episodes.executor.client.retries
     retries = trainer.episodes.executor.client.retries
     for episode in masked:  # the first call failed after its retries, and the episode made no other
         assert sum(e == episode for e, _ in env.steps) == 1 + retries

@@ -31,6 +31,11 @@ class EnvironmentTools:
             return ToolResult(text=f"environment: {failure}", ok=False)
         return ToolResult(text=answer["observation"], done=answer["done"])
 
+    def take_stats(self) -> dict:
+        """What the calls cost since the last take (rewards/remote.py EnvironmentStats.take): the
+        trainer takes them once a rollout (toolCallRetries), which also keeps them bounded."""
+        return self.client.stats.take()
+
     def step_many(self, calls: Sequence[tuple[str, ToolCall]]) -> list[ToolResult]:
         """`step` of each (episode_id, call), at once on the client's pool; results in order."""
         return self.client.map(lambda pair: self.step(*pair), calls)

@@ -52,23 +52,25 @@ class ToolStats:
     tool_failures: int = 0  # calls the executor failed: each masks its episode out of the loss
     malformed_calls: int = 0  # calls that did not parse, answered with the error
     tool_tokens: int = 0  # appended tokens (tool turns), attended to but not trained on
+    tool_retries: int = 0  # calls a remote executor retried (rollout.tools.remote)
 
     def fields(self) -> list[float]:
         return [self.episodes, self.turns, self.tool_calls, self.tool_failures, self.malformed_calls,
-                self.tool_tokens]
+                self.tool_tokens, self.tool_retries]
 
 
 # The step record's multi-turn fields as rank 0's /metrics gauges rlkube_<name> (docs/metrics.md)
 MULTI_TURN_GAUGES = {"turnsPerEpisode": "turns_per_episode", "toolCalls": "tool_calls",
                      "toolCallFailures": "tool_call_failures", "malformedToolCalls": "malformed_tool_calls",
-                     "toolTokens": "tool_tokens"}
+                     "toolTokens": "tool_tokens", "toolCallRetries": "tool_call_retries"}
 
 
 def record_fields(totals: list[float]) -> dict:
     """The step record's multi-turn fields from `ToolStats.fields` summed over ranks."""
-    episodes, turns, calls, failures, malformed, tool_tokens = totals
+    episodes, turns, calls, failures, malformed, tool_tokens, retries = totals
     return {"turnsPerEpisode": turns / episodes if episodes else 0.0, "toolCalls": int(calls),
-            "toolCallFailures": int(failures), "malformedToolCalls": int(malformed), "toolTokens": int(tool_tokens)}
+            "toolCallFailures": int(failures), "malformedToolCalls": int(malformed), "toolTokens": int(tool_tokens),
+            "toolCallRetries": int(retries)}
 
 
 class MultiTurnEpisodes:
@@ -115,6 +117,9 @@ class MultiTurnEpisodes:
         stats.tool_tokens = int((out.response_mask - out.policy_mask).sum())
         if failed:
             out.policy_mask[sorted(failed)] = 0
+        take = getattr(self.executor, "take_stats", None)  # a remote executor's client counts its calls
+        if take is not None:
+            stats.tool_retries = int(take()["envRetries"])
         return out, stats
 
     def _answer(self, episode_ids: list[str], rows: list[int], turns: list[list[int]], stats: ToolStats,

@@ -46,7 +46,8 @@ def _executors(s: Any) -> list[str]:
 
 MULTI_TURN_RULES: tuple[Rule, ...] = (
     Rule("rollout.maxTurns: > 1 needs rollout.tools, the tool executor that answers the policy's tool calls "
-         "(e.g. tools: {function: 'rlkube.runtime.tools.calculator:calculator'})",
+         "(e.g. tools: {function: 'rlkube.runtime.tools.calculator:calculator'}, or tools: {remote: true} "
+         "with roles.environment)",
          f"{_TURNS} <= 1 || {_HAS_TOOLS}",
          lambda s: when(s.rollout.max_turns > 1 and s.rollout.tools is None, f" (maxTurns is {s.rollout.max_turns})"),
          ".rollout.maxTurns"),

@@ -6,8 +6,9 @@ each row whose turn ended at the closing tool-call tag; this module answers: it 
 turn, parses its call (tools/calls.py), steps the executor (`ToolExecutor.step(episode_id,
 call)`; the calls of the rows whose turns ended together at once where the executor can:
 `tools.step_all`), and returns the tool turn's tokens (tools/turns.py). The executor is
-`rollout.tools.function`'s in-process one, or the job's environment for `rollout.tools.remote`. A malformed call is the policy's
-mistake: it is answered with the parse error as the tool's output, and counted. A call the
+`rollout.tools.function`'s in-process one, or the job's environment for `rollout.tools.remote`.
+A malformed call is the policy's mistake: it is answered with the parse error as the tool's
+output, and counted. A call the
 executor fails (it raises, or answers ok=False) ends the episode, which is then masked out of
 the loss (its policy mask is zeroed: no token of it is trained on, and GRPO leaves it out of its
 group's statistics) and counted, never scored as 0: its reward would say nothing about the

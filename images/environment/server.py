@@ -1,6 +1,6 @@
 """The reference environment of rlkube: an HTTP server of the environment protocol, version 1
 (docs/environments.md; the runtime's `rlkube.runtime.contract.environment_protocol`). Stdlib only,
-so the image is a Python and these three files.
+so the image is a Python and these four files.
 
   GET  /healthz   {"status": "ok", "version": 1}
   POST /v1/score  {"items": [{"prompt", "completion", "metadata"}]} -> {"rewards": [float | null]}
@@ -15,15 +15,19 @@ Which verifier scores an item is its metadata's `kind`, else guessed from its fi
   prompts.
 An item that cannot be scored (an unknown kind, a verifier that raised) is null.
 
-/v1/step is a Python tool over episodes: each action runs in the sandbox and its stdout (or
+/v1/step answers tool calls: a step whose metadata names a tool (`name`, `arguments`: what the
+runtime's `rollout.tools.remote` sends) is answered by that tool of tools.py (python, calculator).
+Otherwise it is a Python tool over episodes: each action runs in the sandbox and its stdout (or
 error) is the observation; an action starting with "ANSWER:" ends the episode, with the math
 reward of the rest against metadata.answer given at the episode's first step. Episodes live in
 this replica's memory (at most MAX_EPISODES, oldest dropped): a multi-turn trainer must keep an
 episode on one replica.
 
-Settings (environment variables): PORT (8000), SANDBOX_CPU_SECONDS (2), SANDBOX_WALL_SECONDS (5),
+Settings (environment variables): PORT (8000), HOST (0.0.0.0: every address of the pod), SANDBOX_CPU_SECONDS (2), SANDBOX_WALL_SECONDS (5),
 SANDBOX_MEMORY_MB (512), SANDBOX_PARALLEL (the CPUs this process may use: sandboxes run at once),
-FAIL_EVERY (0; N > 0 answers every Nth /v1/score call with 503, to test a trainer's retries).
+FAIL_EVERY (0; N > 0 answers every Nth /v1/score call with 503, to test a trainer's retries),
+SCORE_DELAY_SECONDS (0; for benchmarks: each /v1/score item first holds a sandbox slot this long,
+asleep, standing in for a verifier's time).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -41,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from math_check import math_reward  # noqa: E402
 from sandbox import SandboxLimits, run_python  # noqa: E402
+from tools import answer_call  # noqa: E402
 
 VERSION = 1
 MAX_ITEMS = 256
@@ -63,8 +69,8 @@ class Environment:
     """The verifiers and the episodes, shared by the server's threads."""
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), parallel: int | None = None,
-                 fail_every: int = 0) -> None:
-        self.limits = limits
+                 fail_every: int = 0, score_delay: float = 0.0) -> None:
+        self.limits, self.score_delay = limits, score_delay
         self.sandboxes = threading.BoundedSemaphore(parallel or len(os.sched_getaffinity(0)))
         self.fail_every = fail_every
         self.score_calls = 0
@@ -84,6 +90,9 @@ class Environment:
         completion, metadata = str(item.get("completion", "")), item.get("metadata") or {}
         kind = metadata.get("kind") or ("code" if "tests" in metadata else "math" if "answer" in metadata
                                         else "letters")
+        if self.score_delay > 0:
+            with self.sandboxes:
+                time.sleep(self.score_delay)
         try:
             if kind == "code":
                 program = code_of(completion) + "\n\n" + str(metadata.get("tests", ""))
@@ -111,7 +120,10 @@ class Environment:
             self.episodes[body["episode_id"]] = episode
             while len(self.episodes) > MAX_EPISODES:
                 self.episodes.popitem(last=False)
-        action = body["action"]
+        action, metadata = body["action"], body.get("metadata") or {}
+        if isinstance(metadata.get("name"), str):
+            return {"observation": answer_call(metadata["name"], metadata.get("arguments") or {}, self.run),
+                    "done": False}
         if action.startswith("ANSWER:"):
             with self.lock:
                 self.episodes.pop(body["episode_id"], None)
@@ -180,8 +192,8 @@ def main() -> None:
                            wall_seconds=float(env.get("SANDBOX_WALL_SECONDS", 5)),
                            memory_bytes=int(env.get("SANDBOX_MEMORY_MB", 512)) * 1024 * 1024)
     environment = Environment(limits, int(env["SANDBOX_PARALLEL"]) if env.get("SANDBOX_PARALLEL") else None,
-                              int(env.get("FAIL_EVERY", 0)))
-    server = make_server("0.0.0.0", int(env.get("PORT", 8000)), environment)
+                              int(env.get("FAIL_EVERY", 0)), float(env.get("SCORE_DELAY_SECONDS", 0)))
+    server = make_server(env.get("HOST", "0.0.0.0"), int(env.get("PORT", 8000)), environment)
     print(f"rlkube reference environment: protocol v{VERSION} on :{server.server_port}", flush=True)
     server.serve_forever()
 

@@ -90,7 +90,10 @@ def _spec(rng: random.Random) -> RuntimeConfig:
     if rng.random() < 0.4:  # multi-turn: the tools, maxTurns and maxEpisodeTokens each broken on some
         rollout["maxTurns"] = pick([1, 2, 4])
         if rng.random() < 0.7:
-            rollout["tools"] = {"function": "rlkube.runtime.tools.calculator:calculator"}
+            rollout["tools"] = pick([{"function": "rlkube.runtime.tools.calculator:calculator"},
+                                     {"function": "rlkube.runtime.tools.calculator:calculator"}, {"remote": True},
+                                     {"remote": True}, {}, {"remote": False},
+                                     {"function": "rlkube.runtime.tools.calculator:calculator", "remote": True}])
         if rng.random() < 0.6:
             rollout["maxEpisodeTokens"] = pick([5, 62, 126, 200])
     data = {"source": "s", "format": pick(["synthetic", "synthetic", "jsonl"]), "maxSeqLen": pick([8, 64, 128]),

@@ -1,9 +1,12 @@
 """rollout.maxTurns, rollout.maxEpisodeTokens and rollout.tools get one verdict from pydantic
 (`rlkube validate`), the CRD (schema and CEL) and the runtime's config: maxTurns > 1 needs tools
 and tools need maxTurns > 1, ppo and grpo only; maxEpisodeTokens only with maxTurns > 1, at least
-maxNewTokens and within data.maxSeqLen - 2."""
+maxNewTokens and within data.maxSeqLen - 2; tools name exactly one executor (function, or remote:
+true with roles.environment)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from pydantic import ValidationError
@@ -13,6 +16,7 @@ from verdicts import assert_one_verdict
 from rlkube.runtime.contract.config import RolloutSpec
 
 TOOLS = {"function": "rlkube.runtime.tools.calculator:calculator"}
+ENVIRONMENT = {"image": "localhost/rlkube/environment:dev"}
 # The builders' jobs have data.maxSeqLen 64 and rollout.maxNewTokens 16.
 CASES = [
     ("grpo", {}, None),
@@ -28,6 +32,14 @@ CASES = [
     ("grpo", {"rollout": {"maxTurns": 2, "tools": TOOLS, "maxEpisodeTokens": 63}}, "spec.rollout.maxEpisodeTokens"),
     ("grpo", {"rollout": {"maxTurns": 2, "tools": TOOLS, "maxEpisodeTokens": 62}}, None),
     ("grpo", {"rollout": {"maxTurns": 2, "tools": {"function": "not a path"}}}, "spec.rollout.tools.function"),
+    ("grpo", {"rollout": {"maxTurns": 2, "tools": {"remote": True}}, "roles": {"environment": ENVIRONMENT}}, None),
+    ("ppo", {"rollout": {"maxTurns": 3, "tools": {"remote": True}}, "roles": {"environment": ENVIRONMENT}}, None),
+    ("grpo", {"rollout": {"maxTurns": 2, "tools": {"remote": True}}}, "spec.rollout.tools.remote"),
+    ("grpo", {"rollout": {"maxTurns": 2, "tools": {**TOOLS, "remote": True}}, "roles": {"environment": ENVIRONMENT}},
+     "spec.rollout.tools"),
+    ("grpo", {"rollout": {"maxTurns": 2, "tools": {}}}, "spec.rollout.tools"),
+    ("grpo", {"rollout": {"maxTurns": 2, "tools": {"remote": False}}}, "spec.rollout.tools"),
+    ("grpo", {"rollout": {"maxTurns": 2, "tools": {**TOOLS, "remote": False}}}, None),
 ]
 
 
@@ -50,6 +62,21 @@ def test_the_error_says_what_to_set():
             "algorithm": "grpo", "model": {"config": {"model_type": "qwen2"}},
             "roles": {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": "m:f"}},
             "data": {"source": "s", "format": "synthetic"}, "rollout": {"maxTurns": 3}})
+
+
+@pytest.mark.parametrize("tools, says", [
+    ({}, "; it has none"),
+    ({**TOOLS, "remote": True}, "; it has function, remote"),
+    ({"remote": True}, "rollout.tools.remote: tool calls answered by the environment need roles.environment"),
+])
+def test_the_tools_error_names_the_field(tools, says):
+    from rlkube.runtime.contract.config import RuntimeConfig
+
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        RuntimeConfig.model_validate({
+            "algorithm": "grpo", "model": {"config": {"model_type": "qwen2"}},
+            "roles": {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": "m:f"}},
+            "data": {"source": "s", "format": "synthetic"}, "rollout": {"maxTurns": 3, "tools": tools}})
 
 
 def test_episode_tokens_default_to_one_turn():

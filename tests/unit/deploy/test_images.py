@@ -91,12 +91,12 @@ def test_entry_points_match_what_the_chart_and_the_operator_run():
 
 
 def test_the_reference_environment_is_stdlib_only_and_copies_what_it_runs():
-    """images/environment installs nothing: the base's python3 runs the three files it copies, and
+    """images/environment installs nothing: the base's python3 runs the four files it copies, and
     the server imports nothing outside the standard library and those files."""
     ins = _instructions("environment")
     assert not [rest for word, rest in ins if word == "RUN"]
     copied = " ".join(rest for word, rest in ins if word == "COPY")
-    files = ("server.py", "sandbox.py", "math_check.py")
+    files = ("server.py", "sandbox.py", "math_check.py", "tools.py")
     assert all(f"images/environment/{name}" in copied for name in files)
     local = {name[:-3] for name in files}
     for name in files:

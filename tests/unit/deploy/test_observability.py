@@ -35,6 +35,18 @@ def _string_constants(tree: ast.AST) -> dict[str, str]:
     return out
 
 
+def _step_gauges(tree: ast.AST) -> set[str]:
+    """The gauges of a trainer's step fields: the values of a `*_GAUGES = {field: name}` map, which
+    a StepReport names as Progress's `extra` gauges rlkube_<name>."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and any(
+                isinstance(t, ast.Name) and t.id.endswith("_GAUGES") for t in node.targets):
+            out.update(f"rlkube_{v.value}" for v in node.value.values
+                       if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    return out
+
+
 def exported_series() -> set[str]:
     """Every series name a Prometheus scrape of the operator or rank 0 can show."""
     names: set[str] = set()
@@ -42,6 +54,7 @@ def exported_series() -> set[str]:
         for path in root.rglob("*.py"):
             tree = ast.parse(path.read_text())
             constants = _string_constants(tree)
+            names |= _step_gauges(tree)
             for node in ast.walk(tree):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in KINDS):
                     continue
@@ -71,7 +84,8 @@ def test_exported_names_are_collected_from_both_parts(exported):
     assert {"rlkube_gpu_busy_ratio", "rlkube_tokens_total", "rlkube_checkpoint_stall_seconds_total",
             "rlkube_operator_job_phase", "rlkube_operator_job_restarts_total",
             "rlkube_operator_admission_wait_seconds_bucket", "rlkube_step_seconds", "rlkube_phase_seconds",
-            "rlkube_tokens_per_second_per_gpu", "rlkube_mfu"} <= exported
+            "rlkube_tokens_per_second_per_gpu", "rlkube_mfu", "rlkube_env_calls_per_second",
+            "rlkube_tool_call_failures"} <= exported
 
 
 def dashboards() -> list[Path]:
@@ -112,7 +126,9 @@ def test_dashboard_has_the_panels_the_platform_team_asked_for():
     for name in ("rlkube_operator_jobs", "rlkube_gpu_busy_ratio", "rlkube_tokens_per_second",
                  "rlkube_tokens_per_second_per_gpu", "rlkube_mfu", "rlkube_phase_seconds",
                  "rlkube_checkpoint_last_stall_seconds", "rlkube_operator_job_restarts_total",
-                 "rlkube_operator_admission_wait_seconds_bucket"):
+                 "rlkube_operator_admission_wait_seconds_bucket", "rlkube_env_calls_per_second",
+                 "rlkube_env_latency_p50_seconds", "rlkube_env_latency_p99_seconds", "rlkube_env_failures",
+                 "rlkube_env_retries", "rlkube_tool_calls", "rlkube_tool_call_failures", "rlkube_turns_per_episode"):
         assert re.search(rf"\b{name}\b", exprs), f"no panel shows {name}"
     assert 'by (rltj, role)' in exprs  # GPU busy per role, not only per job
     ids = [p["id"] for p in panels(dashboard)]

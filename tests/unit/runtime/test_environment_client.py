@@ -227,15 +227,47 @@ def test_calls_spread_over_every_address_the_name_resolves_to(served, monkeypatc
 
 
 def test_tool_calls_of_multi_turn_episodes_can_be_answered_by_the_environment(served):
-    """The seam to multi-turn rollouts: a ToolExecutor over POST /v1/step; a call that fails after
+    """rollout.tools.remote's executor over POST /v1/step: the reference environment's tools answer
+    by name (python in the sandbox, calculator), a call the policy got wrong is answered with an
+    error (not a failure), the environment's `done` ends the episode, and a call that fails after
     the retries is a failed call (masked out), not an answer."""
     from rlkube.runtime.tools.environment import EnvironmentTools
     from rlkube.runtime.tools.executor import ToolCall
 
-    url, _ = served()
+    url, environment = served()
     tools = EnvironmentTools(client(url))
-    result = tools.step("row-3", ToolCall("python", {}, "print(2 ** 10)"))
+    result = tools.step("s0-3", ToolCall("python", {"code": "print(2 ** 10)"}, '{"name": "python"}'))
     assert (result.text, result.done, result.ok) == ("1024\n", False, True)
-    assert tools.step("row-3", ToolCall("answer", {}, "ANSWER: 1024")).done
+    assert tools.step("s0-3", ToolCall("calculator", {"expression": "(2 + 3) * 4"})).text == "20"
+    raised = tools.step("s0-3", ToolCall("python", {"code": "1 / 0"}))
+    assert raised.ok and "ZeroDivisionError" in raised.text
+    for wrong in (ToolCall("search", {"q": "x"}), ToolCall("python", {}), ToolCall("calculator", {"expression": "x"})):
+        answer = tools.step("s0-4", wrong)
+        assert answer.ok and not answer.done and answer.text.startswith("error: "), wrong
+    results = tools.step_many([(f"s0-{row}", ToolCall("calculator", {"expression": f"{row} * 7"}))
+                               for row in range(10)])
+    assert [r.text for r in results] == [str(row * 7) for row in range(10)]
+    # A step without a tool's name is the Python-over-episodes protocol: ANSWER: ends the episode.
+    assert tools.client.step("e0-5", "ANSWER: 42", {"answer": "42"}) == {"observation": "", "done": True,
+                                                                        "reward": 1.0}
+    environment.step = lambda body: {"observation": "over", "done": True}
+    assert tools.step("s0-6", ToolCall("calculator", {"expression": "1"})).done
     failing = EnvironmentTools(client("http://127.0.0.1:9", retries=1, timeout=0.5))
-    assert not failing.step("row-4", ToolCall("python", {}, "print(1)")).ok
+    assert not failing.step("s0-7", ToolCall("python", {"code": "print(1)"})).ok
+    assert [r.ok for r in failing.step_many([("s0-8", ToolCall("calculator", {})), ("s0-9", ToolCall("x"))])] \
+        == [False, False]
+
+
+def test_an_episode_stays_on_one_replica():
+    """Steps of one episode go to the replica its id hashes to (an environment keeps episodes in
+    memory); a retry goes to the next one; ids spread over the replicas."""
+    from rlkube.runtime.rewards.remote import Replicas
+
+    replicas = Replicas("http://env.example:8000", resolve=lambda: ["10.0.0.3", "10.0.0.1", "10.0.0.2"])
+    first = {replicas.next_base("s3-7")[0] for _ in range(5)}
+    assert len(first) == 1 and first.pop().endswith(":8000")
+    addresses = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+    home = addresses.index(replicas.next_base("s3-7")[0])
+    assert replicas.next_base("s3-7", attempt=1)[0] == addresses[(home + 1) % 3]
+    assert {replicas.next_base(f"s3-{row}")[0] for row in range(30)} == set(addresses)
+    assert replicas.next_base()[1] == "env.example:8000"  # the Host header names the Service

@@ -5,6 +5,8 @@ reports them with the other rules across sections). Messages are relative to the
 
 - maxTurns > 1 needs a tool executor (`rollout.tools`): a second turn only ever follows a tool's
   output; and tools need maxTurns > 1, where one turn would never call them.
+- `tools` names one executor: exactly one of `function` (in-process) and `remote: true` (the job's
+  environment, POST /v1/step), and `remote` needs `roles.environment`.
 - Only PPO and GRPO roll out episodes; DPO and KTO learn from fixed data.
 - maxEpisodeTokens bounds a multi-turn episode: set only with maxTurns > 1, at least one turn's
   maxNewTokens, and (PPO/GRPO) within data.maxSeqLen with a prompt token and BOS beside it, as
@@ -26,19 +28,41 @@ _HAS_TOOLS = "(has(self.rollout) && has(self.rollout.tools))"
 _HAS_EPISODE = "(has(self.rollout) && has(self.rollout.maxEpisodeTokens))"
 
 
+_IS_REMOTE_TOOLS = "(has(self.rollout.tools.remote) && self.rollout.tools.remote)"
+_EXECUTOR_COUNT = f"((has(self.rollout.tools.function) ? 1 : 0) + ({_IS_REMOTE_TOOLS} ? 1 : 0))"
+
+
 def _episode(s: Any) -> int | None:
     return s.rollout.max_episode_tokens
 
 
+def _executors(s: Any) -> list[str]:
+    """The executors `rollout.tools` sets, by wire name (none without tools)."""
+    tools = s.rollout.tools
+    if tools is None:
+        return []
+    return [wire for wire, value in (("function", tools.function), ("remote", tools.remote)) if value]
+
+
 MULTI_TURN_RULES: tuple[Rule, ...] = (
     Rule("rollout.maxTurns: > 1 needs rollout.tools, the tool executor that answers the policy's tool calls "
-         "(e.g. tools: {function: 'rlkube.runtime.tools.calculator:calculator'})",
+         "(e.g. tools: {function: 'rlkube.runtime.tools.calculator:calculator'}, or tools: {remote: true} "
+         "with roles.environment)",
          f"{_TURNS} <= 1 || {_HAS_TOOLS}",
          lambda s: when(s.rollout.max_turns > 1 and s.rollout.tools is None, f" (maxTurns is {s.rollout.max_turns})"),
          ".rollout.maxTurns"),
     Rule("rollout.tools: needs rollout.maxTurns > 1: with one turn per episode no tool is ever called",
          f"!{_HAS_TOOLS} || {_TURNS} > 1",
          lambda s: when(s.rollout.tools is not None and s.rollout.max_turns <= 1), ".rollout.tools"),
+    Rule("rollout.tools: set function (an in-process tool, 'package.module:function') or remote: true (the "
+         "environment answers the calls), not both",
+         f"!{_HAS_TOOLS} || {_EXECUTOR_COUNT} == 1",
+         lambda s: when(s.rollout.tools is not None and len(_executors(s)) != 1,
+                        f"; it has {', '.join(_executors(s)) or 'none'}"), ".rollout.tools"),
+    Rule("rollout.tools.remote: tool calls answered by the environment need roles.environment",
+         f"!{_HAS_TOOLS} || !{_IS_REMOTE_TOOLS} || has(self.roles.environment)",
+         lambda s: when(s.rollout.tools is not None and bool(s.rollout.tools.remote) and s.roles.environment is None),
+         ".rollout.tools.remote"),
     Rule("rollout.maxTurns: only ppo and grpo roll out episodes; leave it at 1",
          f"{ONLINE} || {_TURNS} == 1",
          lambda s: when(s.algorithm not in ONLINE_ALGORITHMS and s.rollout.max_turns != 1,

@@ -16,8 +16,10 @@ What the calls cost is counted (`EnvironmentStats`): calls, retries, failed item
 latency; the trainer takes the counts once a step into its record (envFailures, envRetries,
 envCallsPerSecond, envLatencyP50, envLatencyP99) and rank 0's /metrics.
 
-Stdlib only: urllib over a thread pool. `step` is the seam for multi-turn tool episodes (POST
-/v1/step); nothing in the trainer calls it yet.
+Stdlib only: urllib over a thread pool. `step` is one step of a multi-turn episode (POST /v1/step,
+`rollout.tools.remote`: tools/environment.py); an episode's steps go to one replica (the one its id
+hashes to among the addresses, the next on a retry), since an environment keeps its episodes in
+memory.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,12 +67,13 @@ class CallFailed(Exception):
         self.retry = retry
 
 
-def environment_url_from_env() -> str:
-    """The environment's URL, as the operator sets it on the trainer pods."""
+def environment_url_from_env(field: str = "roles.reward.remote") -> str:
+    """The environment's URL, as the operator sets it on the trainer pods; `field` is the setting
+    that needs it, for the error."""
     url = os.environ.get(ENV_ENVIRONMENT_URL, "").strip()
     if not url:
         raise EnvironmentUnavailable(
-            f"roles.reward.remote: {ENV_ENVIRONMENT_URL} is not set; the operator sets it on jobs with "
+            f"{field}: {ENV_ENVIRONMENT_URL} is not set; the operator sets it on jobs with "
             "roles.environment (outside Kubernetes, set it to the environment's URL)")
     return url.rstrip("/")
 
@@ -126,9 +130,11 @@ class Replicas:
     The environment's Service is headless: its name resolves to the addresses of its ready
     replicas, so the client spreads the calls over them (round robin) and a retry goes to the next
     replica. The name is resolved again at most every `ttl` seconds (the replicas change as pods
-    come and go); a name that does not resolve is left to the connection to fail, and retried."""
+    come and go); a name that does not resolve is left to the connection to fail, and retried.
+    `resolve` replaces the name's lookup (a list of addresses on the URL's port: a benchmark's
+    replicas on loopback addresses)."""
 
-    def __init__(self, url: str, ttl: float = 1.0) -> None:
+    def __init__(self, url: str, ttl: float = 1.0, resolve: Callable[[], list[str]] | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         self.scheme, self.host = parts.scheme, parts.hostname or ""
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -137,16 +143,21 @@ class Replicas:
         self._resolved_at = -math.inf
         self._turn = itertools.count()
         self._lock = threading.Lock()
+        self._lookup = resolve
 
     def _resolve(self) -> list[str]:
+        if self._lookup is not None:
+            return sorted(self._lookup())
         try:
             infos = socket.getaddrinfo(self.host, self.port, socket.AF_INET, socket.SOCK_STREAM)
         except OSError:
             return []
         return sorted({info[4][0] for info in infos})
 
-    def next_base(self) -> tuple[str, str]:
-        """(the base URL of the next replica to call, the Host header of the name)."""
+    def next_base(self, key: str | None = None, attempt: int = 0) -> tuple[str, str]:
+        """(the base URL of the next replica to call, the Host header of the name). With `key` (an
+        episode's id) the replica is the one the key hashes to, the `attempt`-th next on a retry:
+        an episode stays on one replica while the replicas stay the same."""
         with self._lock:
             if time.monotonic() - self._resolved_at > self.ttl:
                 self._addresses = self._resolve()
@@ -154,7 +165,8 @@ class Replicas:
             addresses = self._addresses
         if not addresses:
             return f"{self.scheme}://{self.netloc}", self.netloc
-        address = addresses[next(self._turn) % len(addresses)]
+        turn = next(self._turn) if key is None else zlib.crc32(key.encode()) + attempt
+        address = addresses[turn % len(addresses)]
         return f"{self.scheme}://{address}:{self.port}", self.netloc
 
 
@@ -170,14 +182,16 @@ class EnvironmentClient:
 
     def __init__(self, url: str, concurrency: int = 8, timeout: float = 30.0, retries: int = 4,
                  backoff: float = 0.5, max_backoff: float = 8.0, batch_size: int = 16,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 resolve: Callable[[], list[str]] | None = None) -> None:
+        """`resolve`: the replicas' addresses instead of the URL's name's (`Replicas`)."""
         if not 1 <= batch_size <= MAX_ITEMS_PER_CALL:
             raise ValueError(f"batch_size: must be in 1..{MAX_ITEMS_PER_CALL}, got {batch_size}")
         self.url = url.rstrip("/")
         self.timeout, self.retries, self.batch_size = timeout, retries, batch_size
         self.backoff, self.max_backoff, self.sleep = backoff, max_backoff, sleep
         self.stats = EnvironmentStats()
-        self.replicas = Replicas(self.url)
+        self.replicas = Replicas(self.url, resolve=resolve)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="environment")
         self._jitter = random.Random(0)  # jitter only spreads retries; it needs no seed of the run
 
@@ -185,9 +199,10 @@ class EnvironmentClient:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- transport ---------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+    def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
+                 key: str | None = None, attempt: int = 0) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        base, host = self.replicas.next_base()
+        base, host = self.replicas.next_base(key, attempt)
         request = urllib.request.Request(base + path, data=data, method=method,
                                          headers={"Content-Type": "application/json", "Host": host})
         try:
@@ -205,15 +220,16 @@ class EnvironmentClient:
     def _backoff(self, attempt: int) -> float:
         return min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + 0.5 * self._jitter.random())
 
-    def call(self, path: str, body: Any, check: Callable[[Any], Any]) -> Any:
+    def call(self, path: str, body: Any, check: Callable[[Any], Any], key: str | None = None) -> Any:
         """POST `body` to `path`; `check` turns the answer into the result or raises CallFailed.
-        Retried as the module says; raises the last CallFailed when every try failed."""
+        Retried as the module says; raises the last CallFailed when every try failed. `key` keeps
+        the calls of one episode on one replica (`Replicas.next_base`)."""
         attempt = 0
         while True:
             started = time.monotonic()
             try:
                 try:
-                    return check(self._request("POST", path, body))
+                    return check(self._request("POST", path, body, key=key, attempt=attempt))
                 finally:
                     self.stats.call(time.monotonic() - started)  # every try, failed ones too
             except CallFailed as failure:
@@ -276,11 +292,17 @@ class EnvironmentClient:
                     "reward": _reward(answer.get("reward"))}
 
         body = {"episode_id": episode_id, "action": action, **({"metadata": metadata} if metadata else {})}
-        return self.call(STEP_PATH, body, check)
+        return self.call(STEP_PATH, body, check, key=episode_id)
+
+    def map(self, fn: Callable[[Any], Any], args: Sequence[Any]) -> list[Any]:
+        """`fn` over `args` on the client's pool (`concurrency` at a time), in order."""
+        return list(self._pool.map(fn, args))
 
 
-def connect_environment(ready_timeout: float = READY_TIMEOUT_SECONDS) -> EnvironmentClient:
-    """The client of the job's environment (RLKUBE_ENVIRONMENT_URL), once it answers /healthz."""
-    client = EnvironmentClient(environment_url_from_env())
+def connect_environment(ready_timeout: float = READY_TIMEOUT_SECONDS,
+                        field: str = "roles.reward.remote") -> EnvironmentClient:
+    """The client of the job's environment (RLKUBE_ENVIRONMENT_URL), once it answers /healthz;
+    `field` is the setting that needs it, for the errors."""
+    client = EnvironmentClient(environment_url_from_env(field))
     client.wait_ready(ready_timeout)
     return client

@@ -2,8 +2,9 @@
 outputs are written in the conversation.
 
 - `executor`: the `ToolExecutor` seam (`step(episode_id, call) -> ToolResult`) and its in-process
-  implementation from a Python function named in `rollout.tools.function`; an executor over a
-  remote environment service implements the same protocol.
+  implementation from a Python function named in `rollout.tools.function`.
+- `environment`: the executor of `rollout.tools.remote`, over the job's environment service
+  (POST /v1/step).
 - `calls`: the tool-call format the policy writes (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`)
   and its parser.
 - `turns`: the tokens of a tool turn, from the tokenizer's chat template.
@@ -20,10 +21,11 @@ from rlkube.runtime.tools.executor import (
     ToolFunction,
     ToolResult,
     load_tool_executor,
+    step_all,
 )
 from rlkube.runtime.tools.turns import ToolTurnFormat
 
 __all__ = [
     "TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "FunctionTools", "MalformedToolCall", "ToolCall", "ToolExecutor",
-    "ToolFunction", "ToolResult", "ToolTurnFormat", "load_tool_executor", "parse_tool_call",
+    "ToolFunction", "ToolResult", "ToolTurnFormat", "load_tool_executor", "parse_tool_call", "step_all",
 ]

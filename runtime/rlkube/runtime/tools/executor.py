@@ -51,6 +51,28 @@ class ToolExecutor(Protocol):
     def step(self, episode_id: str, call: ToolCall) -> ToolResult: ...
 
 
+def step_all(executor: ToolExecutor, calls: list[tuple[str, ToolCall]]) -> list[ToolResult]:
+    """The executor's results of the (episode_id, call) pairs, in order: at once where the executor
+    has `step_many` (a remote one, whose calls wait on the network), else one after another. A call
+    whose step raises is a failed call (ok False)."""
+    many = getattr(executor, "step_many", None)
+    if many is not None:
+        try:
+            results = list(many(calls))
+        except Exception as e:  # the executor's own failure (its retries spent): every call of it failed
+            return [ToolResult(text=f"{type(e).__name__}: {e}", ok=False)] * len(calls)
+        if len(results) != len(calls):
+            return [ToolResult(text=f"step_many answered {len(results)} of {len(calls)} calls", ok=False)] * len(calls)
+        return results
+    out = []
+    for episode_id, call in calls:
+        try:
+            out.append(executor.step(episode_id, call))
+        except Exception as e:  # the executor's own failure (its retries spent): masked out, counted
+            out.append(ToolResult(text=f"{type(e).__name__}: {e}", ok=False))
+    return out
+
+
 ToolFunction = Callable[[str, dict], "str | ToolResult"]
 
 

@@ -21,14 +21,23 @@ from rlkube.runtime.contract.spec import MAX_PATH_LEN, Spec
 
 
 class ToolsSpec(Spec):
-    """The tool executor of multi-turn episodes: what answers the policy's tool calls."""
+    """The tool executor of multi-turn episodes: what answers the policy's tool calls. Exactly one
+    of `function` and `remote` is set (contract.multi_turn)."""
 
-    function: str = Field(
-        max_length=MAX_PATH_LEN, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+    function: str | None = Field(
+        default=None, max_length=MAX_PATH_LEN, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
         description="Import path 'package.module:function' of an in-process tool function(name: str, "
         "arguments: dict) -> str (the tool's output) or a ToolResult (rlkube.runtime.tools), run in the "
         "actor's processes, e.g. 'rlkube.runtime.tools.calculator:calculator'. An exception it raises "
-        "is a failed call: the episode is masked out of the loss and counted, not scored.",
+        "is a failed call: the episode is masked out of the loss and counted, not scored. Exactly one of "
+        "function and remote is set.",
+    )
+    remote: bool | None = Field(
+        default=None,
+        description="true: the job's environment (roles.environment, POST /v1/step) answers the tool calls, "
+        "one step of the episode per call, an episode kept on one replica. A call that still fails after "
+        "the client's retries is a failed call: the episode is masked out of the loss and counted, not "
+        "scored. Exactly one of function and remote is set.",
     )
 
 

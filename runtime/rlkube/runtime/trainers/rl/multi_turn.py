@@ -4,8 +4,11 @@ answering its tool calls with the tool executor between turns (docs/multi-turn.m
 The engine's `EpisodeDecoder` generates turn by turn and asks, between turns, what to append to
 each row whose turn ended at the closing tool-call tag; this module answers: it decodes the
 turn, parses its call (tools/calls.py), steps the executor (`ToolExecutor.step(episode_id,
-call)`), and returns the tool turn's tokens (tools/turns.py). A malformed call is the policy's
-mistake: it is answered with the parse error as the tool's output, and counted. A call the
+call)`; the calls of the rows whose turns ended together at once where the executor can:
+`tools.step_all`), and returns the tool turn's tokens (tools/turns.py). The executor is
+`rollout.tools.function`'s in-process one, or the job's environment for `rollout.tools.remote`.
+A malformed call is the policy's mistake: it is answered with the parse error as the tool's
+output, and counted. A call the
 executor fails (it raises, or answers ok=False) ends the episode, which is then masked out of
 the loss (its policy mask is zeroed: no token of it is trained on, and GRPO leaves it out of its
 group's statistics) and counted, never scored as 0: its reward would say nothing about the
@@ -32,11 +35,12 @@ from rlkube.runtime.tools import (
     TOOL_CALL_CLOSE,
     MalformedToolCall,
     ToolExecutor,
-    ToolResult,
     ToolTurnFormat,
     load_tool_executor,
     parse_tool_call,
+    step_all,
 )
+from rlkube.runtime.tools.environment import connect_environment_tools
 
 
 @dataclass
@@ -49,17 +53,25 @@ class ToolStats:
     tool_failures: int = 0  # calls the executor failed: each masks its episode out of the loss
     malformed_calls: int = 0  # calls that did not parse, answered with the error
     tool_tokens: int = 0  # appended tokens (tool turns), attended to but not trained on
+    tool_retries: int = 0  # calls a remote executor retried (rollout.tools.remote)
 
     def fields(self) -> list[float]:
         return [self.episodes, self.turns, self.tool_calls, self.tool_failures, self.malformed_calls,
-                self.tool_tokens]
+                self.tool_tokens, self.tool_retries]
+
+
+# The step record's multi-turn fields as rank 0's /metrics gauges rlkube_<name> (docs/metrics.md)
+MULTI_TURN_GAUGES = {"turnsPerEpisode": "turns_per_episode", "toolCalls": "tool_calls",
+                     "toolCallFailures": "tool_call_failures", "malformedToolCalls": "malformed_tool_calls",
+                     "toolTokens": "tool_tokens", "toolCallRetries": "tool_call_retries"}
 
 
 def record_fields(totals: list[float]) -> dict:
     """The step record's multi-turn fields from `ToolStats.fields` summed over ranks."""
-    episodes, turns, calls, failures, malformed, tool_tokens = totals
+    episodes, turns, calls, failures, malformed, tool_tokens, retries = totals
     return {"turnsPerEpisode": turns / episodes if episodes else 0.0, "toolCalls": int(calls),
-            "toolCallFailures": int(failures), "malformedToolCalls": int(malformed), "toolTokens": int(tool_tokens)}
+            "toolCallFailures": int(failures), "malformedToolCalls": int(malformed), "toolTokens": int(tool_tokens),
+            "toolCallRetries": int(retries)}
 
 
 class MultiTurnEpisodes:
@@ -68,9 +80,12 @@ class MultiTurnEpisodes:
 
     def __init__(self, config: RuntimeConfig, tokenizer: Tokenizer, engine: HybridEngine,
                  executor: ToolExecutor | None = None) -> None:
-        """`executor`: the tool executor (rollout.tools.function's when None)."""
+        """`executor`: the tool executor (rollout.tools' when None: the job's environment for
+        `remote`, before step 1, else the in-process function)."""
         rollout = config.rollout
-        if executor is None:
+        if executor is None and rollout.tools.remote:
+            executor = connect_environment_tools()
+        elif executor is None:
             try:
                 executor = load_tool_executor(rollout.tools.function)
             except ValueError as e:
@@ -90,8 +105,7 @@ class MultiTurnEpisodes:
         stats, failed = ToolStats(), set()
 
         def between(rows: list[int], turns: list[list[int]]) -> list[list[int] | None]:
-            return [self._answer(f"{episode_prefix}-{first_row + row}", row, turn, stats, failed)
-                    for row, turn in zip(rows, turns, strict=True)]
+            return self._answer([f"{episode_prefix}-{first_row + row}" for row in rows], rows, turns, stats, failed)
 
         if self.engine.generating:
             out = self.decoder.generate(ids, mask, params, between, generator, logprobs, self.engine.decoder.batch_rows)
@@ -104,21 +118,28 @@ class MultiTurnEpisodes:
         stats.tool_tokens = int((out.response_mask - out.policy_mask).sum())
         if failed:
             out.policy_mask[sorted(failed)] = 0
+        take = getattr(self.executor, "take_stats", None)  # a remote executor's client counts its calls
+        if take is not None:
+            stats.tool_retries = int(take()["envRetries"])
         return out, stats
 
-    def _answer(self, episode_id: str, row: int, turn: list[int], stats: ToolStats, failed: set[int]) -> list[int] | None:
-        try:
-            call = parse_tool_call(self.tokenizer.decode(turn))
-        except MalformedToolCall as e:
-            stats.malformed_calls += 1
-            return self.format.tokens(self.tokenizer, f"error: malformed tool call: {e}")
-        stats.tool_calls += 1
-        try:
-            result = self.executor.step(episode_id, call)
-        except Exception as e:  # the executor's own failure (its retries spent): masked out, counted
-            result = ToolResult(text=f"{type(e).__name__}: {e}", ok=False)
-        if not result.ok:
-            stats.tool_failures += 1
-            failed.add(row)
-            return None
-        return None if result.done else self.format.tokens(self.tokenizer, result.text)
+    def _answer(self, episode_ids: list[str], rows: list[int], turns: list[list[int]], stats: ToolStats,
+                failed: set[int]) -> list[list[int] | None]:
+        """The tool turns appended after `turns` (None: the episode ends), their calls made together."""
+        out: list[list[int] | None] = [None] * len(turns)
+        calls = []
+        for i, turn in enumerate(turns):
+            try:
+                calls.append((i, parse_tool_call(self.tokenizer.decode(turn))))
+            except MalformedToolCall as e:
+                stats.malformed_calls += 1
+                out[i] = self.format.tokens(self.tokenizer, f"error: malformed tool call: {e}")
+        stats.tool_calls += len(calls)
+        results = step_all(self.executor, [(episode_ids[i], call) for i, call in calls])
+        for (i, _), result in zip(calls, results, strict=True):
+            if not result.ok:
+                stats.tool_failures += 1
+                failed.add(rows[i])
+            elif not result.done:
+                out[i] = self.format.tokens(self.tokenizer, result.text)
+        return out

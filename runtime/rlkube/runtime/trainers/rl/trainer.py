@@ -65,7 +65,12 @@ from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.env_mask import loss_mask, mask_failed_rows, remote_fields
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
-from rlkube.runtime.trainers.rl.multi_turn import MultiTurnEpisodes, ToolStats, record_fields
+from rlkube.runtime.trainers.rl.multi_turn import (
+    MULTI_TURN_GAUGES,
+    MultiTurnEpisodes,
+    ToolStats,
+    record_fields,
+)
 from rlkube.runtime.trainers.rl.rollout import PromptBatch, Rollout, RolloutWorker, fixed_prompt_width
 from rlkube.runtime.trainers.rl.scoring import Scorer
 from rlkube.runtime.trainers.rl.update import PassTotals
@@ -90,7 +95,8 @@ def load_prompts(cfg: RuntimeConfig) -> tuple:
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
 
-    REPORT = StepReport(reward_mean="rewardMean", gauges={**{k: k for k in TIMINGS}, **ENVIRONMENT_GAUGES})
+    REPORT = StepReport(reward_mean="rewardMean",
+                        gauges={**{k: k for k in TIMINGS}, **ENVIRONMENT_GAUGES, **MULTI_TURN_GAUGES})
 
     def build(self) -> None:
         cfg, tcfg = self.config, self.config.training

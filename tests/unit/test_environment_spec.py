@@ -42,6 +42,12 @@ def test_an_environment_beside_a_function_reward_is_valid():
     ({"reward": {"gpus": 1, "remote": True}}, "spec.roles.reward.gpus", "gpus to 0"),
     ({"reward": {"gpus": 0, "remote": True, "function": REWARD_FUNCTION}}, "spec.roles.reward", "not several"),
     ({"critic": {"gpus": 0, "remote": True}}, "spec.roles.critic.remote", "only the reward role"),
+    ({"environment": {**ENVIRONMENT, "client": {"concurrency": 0}}}, "spec.roles.environment.client.concurrency",
+     ">= 1"),
+    ({"environment": {**ENVIRONMENT, "client": {"batchSize": 1000}}}, "spec.roles.environment.client.batchSize",
+     "256"),
+    ({"environment": {**ENVIRONMENT, "client": {"timeoutSeconds": 0}}},
+     "spec.roles.environment.client.timeoutSeconds", "> 0"),
 ])
 def test_mistakes_name_their_field(change, path, words):
     roles = {k: v for k, v in {**REMOTE_GRPO, **change}.items() if v is not None}

@@ -130,6 +130,20 @@ def test_the_url_comes_from_the_operator(monkeypatch):
     assert environment_url_from_env() == "http://tiny-environment.team.svc:8000"
 
 
+def test_the_client_is_called_as_roles_environment_client_says(served, monkeypatch):
+    from rlkube.runtime.contract.sections.environment_spec import EnvironmentClientSpec
+    from rlkube.runtime.rewards.remote import connect_environment
+
+    url, _ = served()
+    monkeypatch.setenv(ENV_ENVIRONMENT_URL, url)
+    c = connect_environment(EnvironmentClientSpec(concurrency=32, batch_size=4, timeout_seconds=5, retries=1))
+    assert (c._pool._max_workers, c.batch_size, c.timeout, c.retries) == (32, 4, 5, 1)
+    d = connect_environment()  # no settings: the spec's defaults
+    defaults = EnvironmentClientSpec()
+    assert (d._pool._max_workers, d.batch_size, d.timeout, d.retries) == (
+        defaults.concurrency, defaults.batch_size, defaults.timeout_seconds, defaults.retries)
+
+
 def test_step_runs_a_tool_and_ends_with_an_answer(served):
     url, _ = served()
     c = client(url)

@@ -48,6 +48,7 @@ from rlkube.runtime.contract.environment_protocol import (
     STEP_PATH,
 )
 from rlkube.runtime.contract.pod import ENV_ENVIRONMENT_URL
+from rlkube.runtime.contract.sections.environment_spec import EnvironmentClientSpec
 
 RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 # How long a trainer waits before its first step for the environment to answer /healthz: its
@@ -299,10 +300,13 @@ class EnvironmentClient:
         return list(self._pool.map(fn, args))
 
 
-def connect_environment(ready_timeout: float = READY_TIMEOUT_SECONDS,
+def connect_environment(settings: EnvironmentClientSpec | None = None, ready_timeout: float = READY_TIMEOUT_SECONDS,
                         field: str = "roles.reward.remote") -> EnvironmentClient:
-    """The client of the job's environment (RLKUBE_ENVIRONMENT_URL), once it answers /healthz;
-    `field` is the setting that needs it, for the errors."""
-    client = EnvironmentClient(environment_url_from_env(field))
+    """The client of the job's environment (RLKUBE_ENVIRONMENT_URL), with `settings`
+    (roles.environment.client; the defaults when None), once it answers /healthz; `field` is the
+    setting that needs it, for the errors."""
+    s = settings or EnvironmentClientSpec()
+    client = EnvironmentClient(environment_url_from_env(field), concurrency=s.concurrency,
+                               timeout=s.timeout_seconds, retries=s.retries, batch_size=s.batch_size)
     client.wait_ready(ready_timeout)
     return client

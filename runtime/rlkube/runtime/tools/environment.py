@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlkube.runtime.contract.sections.environment_spec import EnvironmentClientSpec
 from rlkube.runtime.rewards.remote import CallFailed, EnvironmentClient, connect_environment
 from rlkube.runtime.tools.executor import ToolCall, ToolResult
 
@@ -41,7 +42,8 @@ class EnvironmentTools:
         return self.client.map(lambda pair: self.step(*pair), calls)
 
 
-def connect_environment_tools() -> EnvironmentTools:
-    """The executor of `rollout.tools.remote`: the job's environment (RLKUBE_ENVIRONMENT_URL), once
-    it answers /healthz (its replicas start beside the trainers)."""
-    return EnvironmentTools(connect_environment(field="rollout.tools.remote"))
+def connect_environment_tools(settings: EnvironmentClientSpec | None = None) -> EnvironmentTools:
+    """The executor of `rollout.tools.remote`: the job's environment (RLKUBE_ENVIRONMENT_URL) called
+    with `settings` (roles.environment.client), once it answers /healthz (its replicas start beside
+    the trainers)."""
+    return EnvironmentTools(connect_environment(settings, field="rollout.tools.remote"))

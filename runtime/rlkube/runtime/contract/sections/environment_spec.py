@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from rlkube.runtime.contract.algorithms import ONLINE_ALGORITHMS
+from rlkube.runtime.contract.environment_protocol import MAX_ITEMS_PER_CALL
 from rlkube.runtime.contract.rule import Rule, when
 from rlkube.runtime.contract.spec import MAX_NAME_LEN, Spec
 
@@ -54,6 +55,27 @@ class EnvironmentVar(Spec):
     value: str = Field(default="", max_length=4096, description="Its value.")
 
 
+class EnvironmentClientSpec(Spec):
+    """How the trainer calls the environment (rewards/remote.py): read once, at the trainer's start."""
+
+    concurrency: int = Field(
+        default=8, ge=1, le=256,
+        description="Calls in flight at once from one trainer process. Raise it with the replicas: each "
+        "call's completions are checked one after another, so replicas beyond concurrency calls sit idle.",
+    )
+    batch_size: int = Field(
+        default=16, ge=1, le=MAX_ITEMS_PER_CALL, description="Completions per /v1/score call."
+    )
+    timeout_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Each call's timeout; a call that runs over is retried."
+    )
+    retries: int = Field(
+        default=4, ge=0, le=20,
+        description="Retries of a failed call (timeout, no connection, 429 or 5xx), with doubling backoff; "
+        "an item that still fails is masked out of the loss and counted, never scored as 0.",
+    )
+
+
 class EnvironmentSpec(Spec):
     """The environment service: replicas of one image serving the environment protocol
     (/healthz, /v1/score, /v1/step) on `port`. CPU only; scaled by changing `replicas`."""
@@ -86,6 +108,11 @@ class EnvironmentSpec(Spec):
     resources: EnvironmentResources = Field(
         default_factory=EnvironmentResources, description="CPU and memory of each environment pod. Immutable."
     )
+    client: EnvironmentClientSpec = Field(
+        default_factory=EnvironmentClientSpec,
+        description="How the trainers call the environment: calls in flight, completions per call, timeout and "
+        "retries. Immutable (read when the trainers start).",
+    )
 
 
 def _remote(spec: Any) -> bool:
@@ -113,4 +140,4 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
 
 # On the CRD's roles object: the GPU roles are immutable, the environment may only change its
 # replicas (each of its other fields carries its own immutability rule in the CRD, `crd_rules`).
-ENVIRONMENT_FIELDS_IMMUTABLE = ("image", "command", "args", "port", "env", "resources")
+ENVIRONMENT_FIELDS_IMMUTABLE = ("image", "command", "args", "port", "env", "resources", "client")

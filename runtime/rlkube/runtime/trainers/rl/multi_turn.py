@@ -84,7 +84,7 @@ class MultiTurnEpisodes:
         `remote`, before step 1, else the in-process function)."""
         rollout = config.rollout
         if executor is None and rollout.tools.remote:
-            executor = connect_environment_tools()
+            executor = connect_environment_tools(config.roles.environment.client)
         elif executor is None:
             try:
                 executor = load_tool_executor(rollout.tools.function)

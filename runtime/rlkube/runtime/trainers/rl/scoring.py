@@ -90,7 +90,7 @@ class Scorer:
         if "reward" in groups.here:
             if reward.remote:
                 # Before step 1: the environment's replicas start beside the trainers.
-                self.environment = connect_environment()
+                self.environment = connect_environment(config.roles.environment.client)
             elif reward.function is not None:
                 try:
                     self.reward_fn = load_reward_function(reward.function)

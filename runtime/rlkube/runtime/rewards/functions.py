@@ -26,17 +26,23 @@ def target_pattern(prompt: str, completion: str) -> float:
     return sum(1 for ch in completion if TARGET_PATTERN.fullmatch(ch)) / len(completion)
 
 
-def load_reward_function(path: str) -> RewardFunction:
-    """The function named by 'package.module:function'."""
+def load_function(path: str, field: str) -> Callable:
+    """The function named by 'package.module:function' (a reward, a tool); ValueError naming
+    `field` when it cannot be found."""
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"roles.reward.function: cannot import module {module_name!r}: {e}") from None
+        raise ValueError(f"{field}: cannot import module {module_name!r}: {e}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"roles.reward.function: {module_name!r} has no callable {attr!r}")
+        raise ValueError(f"{field}: {module_name!r} has no callable {attr!r}")
     return fn
+
+
+def load_reward_function(path: str) -> RewardFunction:
+    """The reward function named by roles.reward.function ('package.module:function')."""
+    return load_function(path, "roles.reward.function")
 
 
 def score_with_function(fn: RewardFunction, prompts: list[str], completions: list[str]) -> torch.Tensor:

@@ -19,10 +19,11 @@ rule-based reward is (`roles.reward.function`). An exception it raises is a fail
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from rlkube.runtime.rewards.functions import load_function
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,4 @@ class FunctionTools:
 def load_tool_executor(path: str) -> FunctionTools:
     """The in-process executor of the function named by 'package.module:function'; ValueError
     naming rollout.tools.function when it cannot be found."""
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"rollout.tools.function: cannot import module {module_name!r}: {e}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"rollout.tools.function: {module_name!r} has no callable {attr!r}")
-    return FunctionTools(fn)
+    return FunctionTools(load_function(path, "rollout.tools.function"))

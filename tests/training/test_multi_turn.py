@@ -109,12 +109,14 @@ def test_one_turn_is_the_plain_loop():
 
 # -- the trainer ----------------------------------------------------------------------------------
 
-def trainer_for(tmp: Path, monkeypatch, temperature: float = 0.0, **rollout) -> RLTrainer:
-    """A GRPO trainer of 4 prompts x 4 whose episodes call the calculator at a token the model says."""
+def trainer_for(tmp: Path, monkeypatch, temperature: float = 0.0, roles: dict | None = None,
+                **rollout) -> RLTrainer:
+    """A GRPO trainer of 4 prompts x 4 whose episodes call the calculator at a token the model says
+    (`roles`: roles to add, such as an environment)."""
     torch.set_num_threads(1)
     cfg = rl_config(tmp, "grpo", batching={"globalBatch": 4, "maxMicroBatch": 16, "mode": "fixed"},
                     training={"steps": 1, "lr": 3e-3, "groupSize": 4, "seed": 0},
-                    rollout={"maxNewTokens": NEW, "temperature": 1.0, **rollout})
+                    rollout={"maxNewTokens": NEW, "temperature": 1.0, **rollout}, **({"roles": roles} if roles else {}))
     trainer = RLTrainer(RuntimeConfig.model_validate(cfg), DistContext())
     if trainer.episodes is not None:
         monkeypatch.setattr(multi_turn, "parse_tool_call", lambda text: ToolCall("calculator", {"expression": "6*7"}))

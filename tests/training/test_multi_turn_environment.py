@@ -11,24 +11,17 @@ out of the loss and is counted.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 from pathlib import Path
 
 import pytest
-import torch
 
-import rlkube.runtime.trainers.rl.multi_turn as multi_turn
-from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.contract.pod import ENV_ENVIRONMENT_URL
-from rlkube.runtime.infra.distributed import DistContext
-from rlkube.runtime.tools import ToolCall
 from rlkube.runtime.tools.environment import EnvironmentTools
 from rlkube.runtime.trainers.rl.trainer import RLTrainer
 
-from .rl_common import rl_config
-from .test_multi_turn import EPISODE, NEW, TOOL_TURN, TURNS, frequent_token, runs
+from .test_multi_turn import EPISODE, TOOL_TURN, TURNS, runs, trainer_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "images" / "environment"))
 from server import Environment, make_server  # noqa: E402
@@ -72,20 +65,10 @@ def environment(monkeypatch):
 def remote_trainer(tmp: Path, monkeypatch, temperature: float = 0.0) -> RLTrainer:
     """A GRPO trainer of 4 prompts x 4 whose episodes call the environment's calculator at a token
     the model says."""
-    torch.set_num_threads(1)
-    cfg = rl_config(tmp, "grpo", batching={"globalBatch": 4, "maxMicroBatch": 16, "mode": "fixed"},
-                    training={"steps": 1, "lr": 3e-3, "groupSize": 4, "seed": 0},
-                    rollout={"maxNewTokens": NEW, "temperature": 1.0, "maxTurns": TURNS, "maxEpisodeTokens": EPISODE,
-                             "tools": {"remote": True}},
-                    roles={"environment": {"image": "unused-outside-kubernetes"}})
-    trainer = RLTrainer(RuntimeConfig.model_validate(cfg), DistContext())
+    trainer = trainer_for(tmp, monkeypatch, temperature, roles={"environment": {"image": "unused-outside-kubernetes"}},
+                          maxTurns=TURNS, maxEpisodeTokens=EPISODE, tools={"remote": True})
     assert isinstance(trainer.episodes.executor, EnvironmentTools)
     trainer.episodes.executor.client.sleep = lambda seconds: None  # retries without their backoff
-    monkeypatch.setattr(multi_turn, "parse_tool_call", lambda text: ToolCall("calculator", {"expression": "6*7"}))
-    batch = trainer.rollout.prompts(0)
-    trainer.rollout.sampling = dataclasses.replace(trainer.rollout.sampling, temperature=temperature)
-    trainer.episodes.decoder.stop_ids = [frequent_token(trainer.actor.model.lm, batch.ids, batch.mask,
-                                                        trainer.rollout.sampling)]
     return trainer
 
 

@@ -1,6 +1,6 @@
 """The reference environment of rlkube: an HTTP server of the environment protocol, version 1
 (docs/environments.md; the runtime's `rlkube.runtime.contract.environment_protocol`). Stdlib only,
-so the image is a Python and these four files.
+so the image is a Python and these files (the calculator tool is the runtime's own module).
 
   GET  /healthz   {"status": "ok", "version": 1}
   POST /v1/score  {"items": [{"prompt", "completion", "metadata"}]} -> {"rewards": [float | null]}

@@ -91,14 +91,19 @@ def test_entry_points_match_what_the_chart_and_the_operator_run():
 
 
 def test_the_reference_environment_is_stdlib_only_and_copies_what_it_runs():
-    """images/environment installs nothing: the base's python3 runs the four files it copies, and
-    the server imports nothing outside the standard library and those files."""
+    """images/environment installs nothing: the base's python3 runs the five files it copies (the
+    calculator tool is the runtime's own module), and the server imports nothing outside the
+    standard library and those files (tools.py's import of the runtime's package is its fallback
+    in the repository, where the calculator is not beside it)."""
     ins = _instructions("environment")
     assert not [rest for word, rest in ins if word == "RUN"]
     copied = " ".join(rest for word, rest in ins if word == "COPY")
-    files = ("server.py", "sandbox.py", "math_check.py", "tools.py")
-    assert all(f"images/environment/{name}" in copied for name in files)
-    local = {name[:-3] for name in files}
-    for name in files:
-        imported = re.findall(r"^(?:from|import) (\w+)", (IMAGES / "environment" / name).read_text(), re.M)
-        assert set(imported) - local - {"__future__"} <= set(__import__("sys").stdlib_module_names), name
+    paths = [IMAGES / "environment" / name for name in ("server.py", "sandbox.py", "math_check.py", "tools.py")]
+    paths.append(IMAGES.parent / "runtime" / "rlkube" / "runtime" / "tools" / "calculator.py")
+    assert all(str(path.relative_to(IMAGES.parent)) in copied for path in paths)
+    local = {path.stem for path in paths}
+    for path in paths:
+        imported = set(re.findall(r"^\s*(?:from|import) (\w+)", path.read_text(), re.M))
+        if path.name == "tools.py":
+            imported.discard("rlkube")
+        assert imported - local - {"__future__"} <= set(__import__("sys").stdlib_module_names), path.name

@@ -299,6 +299,10 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "checkpointStallSeconds": [r["stallSeconds"] for r in recs if r.get("event") == "checkpointSave"],
         "checkpointWriteSeconds": [r.get("writeSeconds") for r in recs if r.get("event") == "checkpoint"],
         "launchToFirstStepSeconds": round(first_end - launched, 2),
+        # the tail: the last step's end to the process's exit (final checkpoint and export), and the
+        # runtime's own figure (last step to both committed)
+        "lastStepToExitSeconds": round(exited - last_end, 2),
+        "tailSeconds": next((r["tailSeconds"] for r in recs if r.get("event") == "tail"), None),
         "startupSeconds": steps[0].get("startupSeconds") or start.get("startupSeconds"),
         "setupSeconds": start.get("setupSeconds"),
         "responseLengthMean": _mean([r.get("responseLengthMean") for r in after]),

@@ -41,6 +41,13 @@ its log-probs miss the EOS setting: with ppoEpochs 1 and miniBatches 1 the ratio
 only time is measured). Example:
     PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --cases grpo,ppo --refill all,on,off \
         --decode-rows 32 --eos-median 48
+
+A verifier's cost (`--reward-ms MS`): in process, `roles.reward.function` is tests/gpu/slow_reward.py,
+MS of Python per completion; with `--remote-env SLOTS`, `roles.reward.remote` scores through the
+reference environment (images/environment/server.py) started on loopback as one replica of
+SLOTS verifier slots, each completion holding a slot MS (the same verifier as a service):
+    PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --cases grpo --reward-ms 100
+    PYTHONPATH=runtime python3 tests/gpu/bench_utilization.py --cases grpo --reward-ms 100 --remote-env 16
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +66,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from rlkube.runtime.contract.pod import ENV_ENVIRONMENT_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -143,6 +153,10 @@ def case_config(case: str, args, model_dir: Path, work: Path, rollout: dict | No
     prompts_file(data, prompts * steps, prompt_chars)
     reward = "slow_reward:verifier_like" if args.reward_ms else "rlkube.runtime.rewards:target_pattern"
     roles = {"actor": {"gpus": 1}, "reward": {"gpus": 0, "function": reward}}
+    if args.remote_env:  # scored by the reference environment on loopback (run_case starts it)
+        roles = {"actor": {"gpus": 1}, "reward": {"gpus": 0, "remote": True},
+                 "environment": {"image": "unused-outside-kubernetes",  # a call per slot, 4 completions each
+                                 "client": {"concurrency": args.remote_env, "batchSize": 4}}}
     if case == "ppo":
         roles["critic"] = {"colocateWith": "actor"}
     return {**common, "algorithm": case, "roles": roles,
@@ -182,7 +196,8 @@ class Sampler:
 
 def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None = None, label: str = "") -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"bench-util-{case}-"))
-    case_name = case + label
+    case_name = case + label + ("[remote]" if args.remote_env and case != "dpo" else "")
+    environment = None
     try:
         model_dir = work / "model"
         save_model(args.shape, model_dir, cuda=not args.cpu)
@@ -196,7 +211,10 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             (hooks / "sitecustomize.py").write_text(EOS_SITECUSTOMIZE)
             env.update(PYTHONPATH=f"{hooks}{os.pathsep}{env['PYTHONPATH']}", BENCH_EOS_ID=str(BYTE_EOS),
                        BENCH_EOS_VOCAB=str(SHAPES[args.shape]["vocab_size"]), BENCH_EOS_MEDIAN=str(args.eos_median))
-        if args.reward_ms and case != "dpo":  # tests/gpu/slow_reward.py, importable by the CLI
+        if args.remote_env and case != "dpo":
+            environment = start_environment(args.reward_ms / 1000.0, args.remote_env)
+            env[ENV_ENVIRONMENT_URL] = environment.url
+        elif args.reward_ms and case != "dpo":  # tests/gpu/slow_reward.py, importable by the CLI
             here = os.path.dirname(os.path.abspath(__file__))
             env.update(PYTHONPATH=f"{env['PYTHONPATH']}{os.pathsep}{here}", BENCH_REWARD_MS=str(args.reward_ms))
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -225,7 +243,33 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
                 result["restart"] |= {"firstStep": first.get("step"), "compileCache": first.get("compileCache")}
         return result
     finally:
+        if environment is not None:
+            environment.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+class LocalEnvironment:
+    """The reference environment's server (images/environment/server.py) in a process of its own on
+    loopback, as one replica of roles.environment: every completion it scores first holds one of its
+    `slots` verifier slots for `delay` seconds (SCORE_DELAY_SECONDS, asleep)."""
+
+    def __init__(self, delay: float, slots: int) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ, HOST="127.0.0.1", PORT=str(port), SCORE_DELAY_SECONDS=str(delay),
+                   SANDBOX_PARALLEL=str(slots))
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "images" / "environment" / "server.py")], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def start_environment(delay: float, slots: int) -> LocalEnvironment:
+    return LocalEnvironment(delay, slots)  # the trainer's first step waits for /healthz
 
 
 def run_cli(cfg_path: Path, env: dict, args, gpu_sampler_gpu: str | None, log_name: str):
@@ -356,6 +400,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward-ms", type=float, default=0.0,
                     help="GRPO/PPO: a reward function that spends this many ms of Python per completion "
                     "(tests/gpu/slow_reward.py), as a verifier does")
+    ap.add_argument("--remote-env", type=int, default=0, metavar="SLOTS",
+                    help="GRPO/PPO: score through roles.reward.remote, the reference environment "
+                    "(images/environment/server.py) on loopback with SLOTS verifier slots, each completion "
+                    "holding one for --reward-ms")
     ap.add_argument("--eos-median", type=float, default=None,
                     help="GRPO/PPO: bias EOS so completions end at geometric lengths of this median")
     args = ap.parse_args(argv)

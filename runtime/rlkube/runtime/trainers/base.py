@@ -36,6 +36,7 @@ from typing import ClassVar, TypeVar
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.tokenizer import Tokenizer, load_tokenizer
 from rlkube.runtime.engine.freezing import parameter_budget
 from rlkube.runtime.infra.checkpoint import Checkpointer, latest
 from rlkube.runtime.infra.compile_artifacts import load_artifacts, saved_artifacts
@@ -47,7 +48,7 @@ from rlkube.runtime.infra.log import emit, log, setup_logging
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
 from rlkube.runtime.infra.sigterm import SigtermFlag
 from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
-from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts, compile_seconds
+from rlkube.runtime.infra.startup import InBackground, StartupClock, compile_cache_counts, compile_seconds
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
@@ -321,9 +322,37 @@ class Trainer:
         found = latest(self.config.checkpoint.dir)
         return load_artifacts(found[1] if found else None, self.ctx.rank)
 
-    def loading_data(self):
-        """Within (a trainer's build): the time counts as the start-up split's dataLoad."""
-        return self.startup.within("dataLoad")
+    def start_data(self, load: Callable[[Tokenizer], _T]) -> tuple[Tokenizer, InBackground[_T]]:
+        """The tokenizer, loaded here (it is quick, and the models' build reads its vocabulary),
+        and `load(tokenizer)`, reading and tokenising the data set, started on a thread of its own
+        so it runs while the build loads the models. `data_ready` where the data is first needed;
+        the build between, inside `data_errors_first`. The tokenizer's load counts to dataLoad and
+        dataWait (the build waits for it)."""
+        with self.startup.within("dataLoad", "dataWait"):
+            tokenizer = load_tokenizer(self.config.model.tokenizer)
+        return tokenizer, InBackground(lambda: load(tokenizer), "data")
+
+    def data_ready(self, pending: InBackground[_T]) -> _T:
+        """The data `pending` loads, waited for; its load and the wait counted in the start-up split
+        (dataLoad, dataWait). A data error is raised as the load raised it."""
+        try:
+            return pending.result()
+        finally:
+            self.startup.add("dataLoad", pending.seconds)
+            self.startup.add("dataWait", pending.waited)
+
+    @contextmanager
+    def data_errors_first(self, pending: InBackground) -> Iterator[None]:
+        """Within: the build that goes on while `pending` loads the data. An error there waits for
+        the data, and a data error is raised in its place: a run with bad data fails on its data,
+        whatever else is wrong, as when the data was loaded before the models."""
+        try:
+            yield
+        except Exception:
+            error = pending.error()
+            if error is not None:
+                raise error from None
+            raise
 
     @contextmanager
     def committed_on_exit(self) -> Iterator[None]:

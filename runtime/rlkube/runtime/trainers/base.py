@@ -39,7 +39,7 @@ from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.tokenizer import Tokenizer, load_tokenizer
 from rlkube.runtime.engine.freezing import parameter_budget
 from rlkube.runtime.infra.checkpoint import Checkpointer, latest
-from rlkube.runtime.infra.compile_artifacts import load_artifacts, saved_artifacts
+from rlkube.runtime.infra.compile_artifacts import checkpoint_attachments, load_artifacts
 from rlkube.runtime.infra.distributed import DistContext, init_from_env, shutdown, tighten_timeout
 from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
 from rlkube.runtime.infra.export import Exporter, model_meta
@@ -150,7 +150,8 @@ class Trainer:
         self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx, background=True,
                                          staging=self.checkpoint_staging)
         self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
-        self.checkpointer.attachments = lambda: saved_artifacts(ctx.rank)  # torch.compile's work, for the restart
+        # torch.compile's work, for the restart; what collecting it cost goes into each save's record
+        self.checkpointer.attachments = lambda: checkpoint_attachments(ctx.rank)
         self.monitor = GpuMonitor(ctx.device)
         self.peak, self.peak_source = peak_flops(ctx.device)
         self.start_step = 0

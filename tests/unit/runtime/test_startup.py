@@ -184,3 +184,26 @@ def test_importing_the_trainers_loads_nothing_a_run_may_not_need():
 
     code = "\n".join(f"import {module}" for module in sorted({entry.trainer for entry in ALGORITHMS.values()}))
     assert packages_after(code) & NOT_ON_THE_RUN_PATH == set()
+
+
+def test_data_beside_counts_its_load_and_wait_once_and_puts_a_data_error_before_the_builds():
+    from rlkube.runtime.infra.errors import DataError
+    from rlkube.runtime.infra.startup import DataBeside, StartupClock
+
+    clock = StartupClock(started=0.0)
+    data = DataBeside(clock, lambda: [7])
+    assert data.ready() == [7] and data.ready() == [7]
+    assert set(clock.parts) == {"dataLoad", "dataWait"}
+    counted = dict(clock.parts)
+    data.ready()
+    assert clock.parts == counted  # the first ready() counted, once
+
+    def bad():
+        raise DataError("data.source: /x/train.jsonl:2: not JSON")
+
+    with pytest.raises(DataError, match="not JSON"):  # the build's error waits for the data and gives way
+        with DataBeside(StartupClock(started=0.0), bad).errors_first():
+            raise RuntimeError("the model cannot be built")
+    with pytest.raises(RuntimeError, match="cannot be built"):  # good data: the build's own error
+        with DataBeside(StartupClock(started=0.0), lambda: [7]).errors_first():
+            raise RuntimeError("the model cannot be built")

@@ -6,7 +6,7 @@ step's `startupSeconds`, /progress and status.progress):
 - import:        process start -> the trainer starts building (interpreter, torch, transformers,
                  the rendezvous);
 - dataLoad:      reading and tokenising the data set (and the eval split): the wall time of the
-                 thread that does it (`InBackground`), which runs while the models load, so it
+                 thread that does it (`DataBeside`), which runs while the models load, so it
                  overlaps modelLoad and is not a share of the total;
 - dataWait:      of dataLoad, the seconds the build blocked waiting for the data where it first
                  needed it (all of dataLoad when the data is loaded before the build goes on:
@@ -190,6 +190,40 @@ class InBackground(Generic[_T]):
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+
+class DataBeside(Generic[_T]):
+    """A trainer's data set read and tokenised by `load` on a thread (InBackground) while its build
+    loads the models, counted in `clock`'s split (dataLoad: the thread's time; dataWait: the
+    build's wait for it) once, at the first `ready()`."""
+
+    def __init__(self, clock: StartupClock, load: Callable[[], _T]) -> None:
+        self.clock = clock
+        self.pending = InBackground(load, "data")
+        self.counted = False
+
+    def ready(self) -> _T:
+        """The data, waited for; a data error raised as the load raised it."""
+        try:
+            return self.pending.result()
+        finally:
+            if not self.counted:
+                self.counted = True
+                self.clock.add("dataLoad", self.pending.seconds)
+                self.clock.add("dataWait", self.pending.waited)
+
+    @contextmanager
+    def errors_first(self) -> Iterator[None]:
+        """Within: the build that goes on while the data loads. An error there waits for the data,
+        and a data error is raised in its place: a run with bad data fails on its data, whatever
+        else is wrong, as when the data was loaded before the models."""
+        try:
+            yield
+        except Exception:
+            error = self.pending.error()
+            if error is not None:
+                raise error from None
+            raise
 
 
 def compile_seconds() -> float:

@@ -48,7 +48,7 @@ from rlkube.runtime.infra.log import emit, log, setup_logging
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
 from rlkube.runtime.infra.sigterm import SigtermFlag
 from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
-from rlkube.runtime.infra.startup import InBackground, StartupClock, compile_cache_counts, compile_seconds
+from rlkube.runtime.infra.startup import DataBeside, StartupClock, compile_cache_counts, compile_seconds
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
@@ -323,37 +323,14 @@ class Trainer:
         found = latest(self.config.checkpoint.dir)
         return load_artifacts(found[1] if found else None, self.ctx.rank)
 
-    def start_data(self, load: Callable[[Tokenizer], _T]) -> tuple[Tokenizer, InBackground[_T]]:
-        """The tokenizer, loaded here (it is quick, and the models' build reads its vocabulary),
-        and `load(tokenizer)`, reading and tokenising the data set, started on a thread of its own
-        so it runs while the build loads the models. `data_ready` where the data is first needed;
-        the build between, inside `data_errors_first`. The tokenizer's load counts to dataLoad and
-        dataWait (the build waits for it)."""
+    def start_data(self, load: Callable[[Tokenizer], _T]) -> tuple[Tokenizer, DataBeside[_T]]:
+        """The tokenizer, loaded here (it is quick, and the models' build reads its vocabulary; its
+        load counts to dataLoad and dataWait), and `load(tokenizer)`, reading and tokenising the
+        data set, started on a thread so it runs while the build loads the models: `ready()` where
+        the data is first needed, the build before that inside `errors_first()`."""
         with self.startup.within("dataLoad", "dataWait"):
             tokenizer = load_tokenizer(self.config.model.tokenizer)
-        return tokenizer, InBackground(lambda: load(tokenizer), "data")
-
-    def data_ready(self, pending: InBackground[_T]) -> _T:
-        """The data `pending` loads, waited for; its load and the wait counted in the start-up split
-        (dataLoad, dataWait). A data error is raised as the load raised it."""
-        try:
-            return pending.result()
-        finally:
-            self.startup.add("dataLoad", pending.seconds)
-            self.startup.add("dataWait", pending.waited)
-
-    @contextmanager
-    def data_errors_first(self, pending: InBackground) -> Iterator[None]:
-        """Within: the build that goes on while `pending` loads the data. An error there waits for
-        the data, and a data error is raised in its place: a run with bad data fails on its data,
-        whatever else is wrong, as when the data was loaded before the models."""
-        try:
-            yield
-        except Exception:
-            error = pending.error()
-            if error is not None:
-                raise error from None
-            raise
+        return tokenizer, DataBeside(self.startup, lambda: load(tokenizer))
 
     @contextmanager
     def committed_on_exit(self) -> Iterator[None]:

@@ -196,10 +196,10 @@ class DPOTrainer(Trainer):
         config = self.config
         # The data set is read and tokenised on a thread while the models load (the memory plan
         # needs nothing of it); the sampler is the first thing that waits for it.
-        self.tokenizer, pending = self.start_data(self._load_data)
-        with self.data_errors_first(pending):
+        self.tokenizer, data = self.start_data(self._load_data)
+        with data.errors_first():
             self._build_models()
-        self.data, self.eval_data, self.costs = self.data_ready(pending)
+        self.data, self.eval_data, self.costs = data.ready()
         lengths = None if config.data.packing or not config.data.length_bucketing else [c.longest for c in self.costs]
         try:
             self.sampler = StepSampler(len(self.data), config.batching.global_batch, config.data.seed, lengths)

@@ -90,6 +90,26 @@ def load_prompts(cfg: RuntimeConfig, tokenizer: Tokenizer) -> tuple[PromptData, 
     return split_eval(cfg.data, data, lambda spec: load_prompt_data(spec, tokenizer, cfg.rollout.episode_tokens))
 
 
+def check_divisible(rows: int, ranks: dict[str, list[int]], mini_batches: int) -> None:
+    """ConfigError unless a step's `rows` split evenly over every role's ranks and into
+    `mini_batches` mini-batches that split evenly over the trained roles' ranks."""
+    for role, members in ranks.items():
+        if rows % len(members):
+            raise ConfigError(
+                f"batching.globalBatch: {rows} rows per step (globalBatch x groupSize) must split "
+                f"evenly over the {len(members)} ranks of role {role}"
+            )
+    per_mini = rows // mini_batches
+    if rows % mini_batches:
+        raise ConfigError(f"training.miniBatches: {mini_batches} does not divide the {rows} rows per step")
+    for role in ("actor", "critic"):
+        if role in ranks and per_mini % len(ranks[role]):
+            raise ConfigError(
+                f"training.miniBatches: a mini-batch of {per_mini} rows must split evenly over the "
+                f"{len(ranks[role])} ranks of role {role}"
+            )
+
+
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
 
@@ -107,18 +127,16 @@ class RLTrainer(Trainer):
         # kl > 0 without a reference and a reward role without a source are refused when the
         # config is validated (contract/algorithm_settings.py), before any pod starts.
         self.rows = cfg.batching.global_batch * self.group_size
-        self._check_divisible()
+        check_divisible(self.rows, self.groups.ranks, tcfg.mini_batches)
         self.reuse_rollout = tcfg.ppo_epochs > 1 or tcfg.mini_batches > 1
         # The prompts are read and tokenised on a thread while the trained models load. On CUDA the
         # memory plan waits for them: it sizes decode rows for the longest prompt
         # (fixed_prompt_width) and comes before any weight is loaded. Elsewhere the scorer is the
         # first to need them.
-        self.tokenizer, pending = self.start_data(lambda tokenizer: load_prompts(cfg, tokenizer))
-        data = None
-        with self.data_errors_first(pending):
-            if self.ctx.device.type == "cuda":
-                data = self.data_ready(pending)
-            prompt_width = fixed_prompt_width(cfg, data[0], self.ctx.device) if data is not None else None
+        self.tokenizer, data = self.start_data(lambda tokenizer: load_prompts(cfg, tokenizer))
+        with data.errors_first():
+            cuda = self.ctx.device.type == "cuda"
+            prompt_width = fixed_prompt_width(cfg, data.ready()[0], self.ctx.device) if cuda else None
             actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
             self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows,
                                        prompt_width)
@@ -127,7 +145,7 @@ class RLTrainer(Trainer):
             self.budgets.agree(self.ctx)
             self.checkpoint_staging = staging_of(self.plan)
             self._build_trained_roles()
-        self.data, eval_data = data if data is not None else self.data_ready(pending)
+        self.data, eval_data = data.ready()
         try:
             sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
         except ValueError as e:
@@ -192,24 +210,6 @@ class RLTrainer(Trainer):
                 "with the adapters off instead"))
             return None
         return ReferenceView(self.actor.model)
-
-    def _check_divisible(self) -> None:
-        t, ranks = self.config.training, self.groups.ranks
-        for role, members in ranks.items():
-            if self.rows % len(members):
-                raise ConfigError(
-                    f"batching.globalBatch: {self.rows} rows per step (globalBatch x groupSize) must split "
-                    f"evenly over the {len(members)} ranks of role {role}"
-                )
-        per_mini = self.rows // t.mini_batches
-        if self.rows % t.mini_batches:
-            raise ConfigError(f"training.miniBatches: {t.mini_batches} does not divide the {self.rows} rows per step")
-        for role in ("actor", "critic"):
-            if role in ranks and per_mini % len(ranks[role]):
-                raise ConfigError(
-                    f"training.miniBatches: a mini-batch of {per_mini} rows must split evenly over the "
-                    f"{len(ranks[role])} ranks of role {role}"
-                )
 
     # -- one step ------------------------------------------------------------------------
     def prompts(self, step: int) -> PromptBatch:

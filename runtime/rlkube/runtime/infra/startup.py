@@ -130,7 +130,7 @@ def startup_split(started: float, marks: dict[str, float], parts: dict[str, floa
 
 _T = TypeVar("_T")
 
-# Set to 1, the build loads its data before the models, in its own thread (InBackground runs its
+# Set to 1, the build loads its data before the models, on its own thread (InBackground runs its
 # call at once): the order before the overlap, for comparing the two.
 ENV_SERIAL_STARTUP = "RLKUBE_SERIAL_STARTUP"
 

@@ -74,6 +74,8 @@ def test_a_restart_with_an_empty_cache_directory_loads_the_graphs_its_checkpoint
     assert 0 < split["compile"] <= split["firstStep"]  # measured by torch's timers, inside the first step
     artifacts = tmp_path / "ckpt" / "step-000000001" / artifact_name(0)
     assert artifacts.stat().st_size > 0
+    (save,) = [r for r in recs if r.get("event") == "checkpointSave"]
+    assert 0 < save["compileArtifactsSeconds"] <= save["stallSeconds"]  # collecting them: part of the stall
 
     cfg["training"]["steps"] = 2
     cfg["checkpoint"]["compileCacheDir"] = str(tmp_path / "cache-of-pod-2")  # empty

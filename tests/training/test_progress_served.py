@@ -49,7 +49,7 @@ def test_progress_and_metrics_while_training(tmp_path):
         # no NVML on a CPU: no busy numbers, but the step's phases and the start-up split are timed
         assert seen["gpuUtilization"] is None and seen["gpuBusyPhases"] == {}
         assert {"data_wait", "forward_backward", "optimizer"} <= set(seen["phaseSeconds"])
-        assert set(seen["startupSeconds"]) == {"import", "dataLoad", "modelLoad", "firstStep", "total"}
+        assert set(seen["startupSeconds"]) == {"import", "dataLoad", "dataWait", "modelLoad", "firstStep", "total"}
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
             metrics = r.read().decode()
         assert "rlkube_step " in metrics and "rlkube_tokens_total" in metrics

@@ -225,3 +225,26 @@ def test_a_device_snapshot_ignores_host_buffers_of_another_layout():
     snap = DeviceSnapshot(torch.device("cpu"))
     host = snap.to_host(*snap.take(state), host=stale)
     assert host is not stale and torch.equal(host["w"], state["w"]) and stale["w"].eq(0).all()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_each_save_record_says_what_collecting_the_compile_artifacts_cost(tmp_path, monkeypatch, compiled):
+    from rlkube.runtime.infra import compile_artifacts
+    from rlkube.runtime.infra.log import route_events
+
+    if compiled:  # a process that compiled: its artifacts go into the checkpoint
+        monkeypatch.setattr(compile_artifacts, "saved_artifacts", lambda rank: {compile_artifacts.artifact_name(rank): b"graphs"})
+    records = []
+    route_events(records.append)
+    try:
+        ck = Checkpointer(str(tmp_path), keep=2, ctx=DistContext())
+        ck.attachments = lambda: compile_artifacts.checkpoint_attachments(0)
+        model, opt = model_and_optimizer(0)
+        ck.save(1, model, opt, {})
+    finally:
+        route_events(None)
+    (saved,) = [r for r in records if r["event"] == "checkpointSave"]
+    seconds = saved["compileArtifactsSeconds"]
+    assert isinstance(seconds, float) and 0 <= seconds <= saved["stallSeconds"]  # part of the save's stall
+    written = step_dir(tmp_path, 1) / compile_artifacts.artifact_name(0)
+    assert (written.read_bytes() == b"graphs") if compiled else not written.exists()

@@ -108,9 +108,16 @@ class StartupStatus(Status):
 
     import_: float | None = Field(default=None, alias="import", ge=0,
                                   description="Process start to the trainer's build: interpreter, torch, rendezvous.")
-    data_load: float | None = Field(default=None, ge=0, description="Reading and tokenising the data set.")
+    data_load: float | None = Field(
+        default=None, ge=0,
+        description="Reading and tokenising the data set, on a thread while the models load (overlaps modelLoad).",
+    )
+    data_wait: float | None = Field(
+        default=None, ge=0, description="Of dataLoad: what the build waited for the data where it first needed it."
+    )
     model_load: float | None = Field(
-        default=None, ge=0, description="The rest of the build: models, optimizers, memory plan, checkpoint restore."
+        default=None, ge=0,
+        description="The rest of the build: models, optimizers, memory plan, checkpoint restore (less dataWait).",
     )
     first_step: float | None = Field(default=None, ge=0, description="The first step, compile and capture included.")
     compile: float | None = Field(

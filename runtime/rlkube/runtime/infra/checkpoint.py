@@ -226,10 +226,11 @@ class Checkpointer:
         # before the shards are written, and after they are written but before the commit.
         self.before_write: Callable[[int], None] | None = None
         self.before_commit: Callable[[int], None] | None = None
-        # Files this rank adds to each checkpoint ({name relative to it: bytes}), asked for on the
-        # training thread at each save and written into the temp directory before the commit
-        # (compile_artifacts.py: torch.compile's cache artifacts).
-        self.attachments: Callable[[], dict[str, bytes]] | None = None
+        # Files this rank adds to each checkpoint ({name relative to it: bytes}) and fields for the
+        # save's record (what collecting them cost), asked for on the training thread at each save;
+        # the files are written into the temp directory before the commit
+        # (compile_artifacts.checkpoint_attachments: torch.compile's cache artifacts).
+        self.attachments: Callable[[], tuple[dict[str, bytes], dict]] | None = None
         self.stalls: list[float] = []  # seconds the step loop spent in each save
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -326,7 +327,7 @@ class Checkpointer:
         model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         meta = {"step": step, "worldSize": ctx.world_size, "trainer": trainer, "attempt": attempt_from_env()}
-        files = self.attachments() if self.attachments is not None else {}
+        files, attached = self.attachments() if self.attachments is not None else ({}, {})
         if model_meta is not None:
             meta["model"] = model_meta
         staged_on = None
@@ -346,7 +347,8 @@ class Checkpointer:
         self.stalls.append(stall)
         if ctx.is_main:
             emit({"event": "checkpointSave", "step": step, "stallSeconds": round(stall, 4),
-                  "waitedSeconds": round(waited, 4), "background": self.background, "staging": staged_on})
+                  "waitedSeconds": round(waited, 4), "background": self.background, "staging": staged_on,
+                  **attached})
         return step_dir(self.root, step)
 
     def _on_device(self, state: dict) -> bool:

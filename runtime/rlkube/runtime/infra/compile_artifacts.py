@@ -20,12 +20,17 @@ the checkpoint's temp directory before its commit, so a committed checkpoint hol
 or none (checkpoint.py's commit protocol). A restart loads its own rank's file, else rank 0's (a
 new world size, a rank that never compiled). An unreadable file is skipped with a warning: the
 graphs are compiled again, nothing is lost.
+
+Cost: `save_cache_artifacts` runs on the training thread at every save (it serialises every
+graph compiled or loaded so far), so it is part of the save's stall; each save's record
+(`checkpointSave`) says how long it took, as `compileArtifactsSeconds`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from rlkube.runtime.infra.log import log
@@ -50,6 +55,16 @@ def saved_artifacts(rank: int) -> dict[str, bytes]:
         return {}
     data, _ = saved
     return {artifact_name(rank): data} if data else {}
+
+
+def checkpoint_attachments(rank: int) -> tuple[dict[str, bytes], dict]:
+    """What a checkpoint of rank `rank` carries of torch.compile (`saved_artifacts`), and what its
+    save record says of it: compileArtifactsSeconds, the seconds collecting them held the training
+    thread (part of the save's stall; 0.0 when nothing was compiled). Measured at every save, so a
+    benchmark can weigh the restart it saves against what it costs each checkpoint."""
+    t0 = time.perf_counter()
+    files = saved_artifacts(rank)
+    return files, {"compileArtifactsSeconds": round(time.perf_counter() - t0, 4)}
 
 
 def artifacts_for(checkpoint: Path, rank: int) -> Path | None:

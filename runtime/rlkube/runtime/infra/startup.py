@@ -1,20 +1,26 @@
-"""Where the time from process start to the first trained step goes.
+"""Where the time from process start to the first trained step goes, and the build's one overlap.
 
 A 1.5B model took 10-12 s from process start to the GPU's first busy sample, reported as one
 `setupSeconds`. Split, it says what to fix (`startup_split`, the start record's and the first
 step's `startupSeconds`, /progress and status.progress):
 - import:        process start -> the trainer starts building (interpreter, torch, transformers,
                  the rendezvous);
-- dataLoad:      reading and tokenising the data set (and the eval split), inside the build;
+- dataLoad:      reading and tokenising the data set (and the eval split): the wall time of the
+                 thread that does it (`DataBeside`), which runs while the models load, so it
+                 overlaps modelLoad and is not a share of the total;
+- dataWait:      of dataLoad, the seconds the build blocked waiting for the data where it first
+                 needed it (all of dataLoad when the data is loaded before the build goes on:
+                 RLKUBE_SERIAL_STARTUP=1, or a trainer that needs the data first);
 - modelLoad:     the rest of the build: models, optimizers, the memory plan, and restoring a
-                 checkpoint (the build's wall time less dataLoad);
+                 checkpoint (the build's wall time less dataWait);
 - firstStep:     the first step, of which
   - compile:       seconds torch.compile spent compiling (forward and backward graphs, as torch's
                    own compile timers count them: measured, not estimated; a cache hit counts
                    its load), and
   - decodeCapture: seconds spent setting up decoding: its KV cache and, on CUDA, capturing the
                    decode step's graphs (PPO/GRPO's decodeCaptureSeconds);
-- total:         process start -> the end of the first step.
+- total:         process start -> the end of the first step (import + dataWait + modelLoad +
+                 firstStep).
 
 The process start comes from the kernel (/proc/self/stat) where there is one, so the import
 share counts the interpreter's own start; elsewhere it counts from this module's import.
@@ -24,9 +30,11 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 from rlkube.runtime.contract.pod import ENV_COMPILE_CACHE
 
@@ -48,11 +56,13 @@ def process_start_time() -> float:
 
 
 class StartupClock:
-    """Marks the end of each start-up stage, and times the parts inside a stage (`within`);
+    """Marks the end of each start-up stage, and times the parts inside a stage (`within`, `add`);
     `seconds()` is the split so far (startup_split)."""
 
     STAGES = ("import", "modelLoad", "firstStep")
-    PARTS = ("dataLoad", "compile", "decodeCapture")  # dataLoad inside modelLoad's span, the others in firstStep's
+    # dataLoad and dataWait inside modelLoad's span (dataLoad beside the build, dataWait cut out of
+    # it), the others inside firstStep's
+    PARTS = ("dataLoad", "dataWait", "compile", "decodeCapture")
 
     def __init__(self, started: float | None = None, clock=time.time) -> None:
         self.clock = clock
@@ -73,13 +83,15 @@ class StartupClock:
         self.parts[part] = self.parts.get(part, 0.0) + max(seconds, 0.0)
 
     @contextmanager
-    def within(self, part: str) -> Iterator[None]:
-        """Within: time counted to `part`."""
+    def within(self, *parts: str) -> Iterator[None]:
+        """Within: time counted to each of `parts`."""
         t0 = self.clock()
         try:
             yield
         finally:
-            self.add(part, self.clock() - t0)
+            seconds = self.clock() - t0
+            for part in parts:
+                self.add(part, seconds)
 
     def seconds(self) -> dict[str, float]:
         return startup_split(self.started, self.marks, self.parts)
@@ -88,19 +100,23 @@ class StartupClock:
 def startup_split(started: float, marks: dict[str, float], parts: dict[str, float]) -> dict[str, float]:
     """The start-up split (module docstring) from the process start, the wall-clock end of each
     stage marked so far (import, modelLoad, firstStep), and the seconds of the parts timed inside
-    them (dataLoad in the build, between the import and modelLoad marks; compile and decodeCapture
-    in the first step). Stages are cut at the first unmarked one; `total` runs to the last mark.
-    Seconds rounded to milliseconds, camelCase keys."""
+    them (dataLoad and dataWait in the build, between the import and modelLoad marks; compile and
+    decodeCapture in the first step). modelLoad is the build's span less dataWait; dataLoad, which
+    ran beside the build, is reported as is. Stages are cut at the first unmarked one; `total` runs
+    to the last mark. Seconds rounded to milliseconds, camelCase keys."""
     out: dict[str, float] = {}
     before = started
     for stage in StartupClock.STAGES:
         if stage not in marks:
             break
         span = marks[stage] - before
-        if stage == "modelLoad" and "dataLoad" in parts:
-            data = min(parts["dataLoad"], span)
-            out["dataLoad"] = round(data, 3)
-            span -= data
+        if stage == "modelLoad":
+            if "dataLoad" in parts:
+                out["dataLoad"] = round(min(parts["dataLoad"], span), 3)
+            if "dataWait" in parts:
+                wait = min(parts["dataWait"], span)
+                out["dataWait"] = round(wait, 3)
+                span -= wait
         out[stage] = round(span, 3)
         if stage == "firstStep":
             for part in ("compile", "decodeCapture"):
@@ -110,6 +126,104 @@ def startup_split(started: float, marks: dict[str, float], parts: dict[str, floa
     if out:
         out["total"] = round(before - started, 3)
     return out
+
+
+_T = TypeVar("_T")
+
+# Set to 1, the build loads its data before the models, on its own thread (InBackground runs its
+# call at once): the order before the overlap, for comparing the two.
+ENV_SERIAL_STARTUP = "RLKUBE_SERIAL_STARTUP"
+
+
+class InBackground(Generic[_T]):
+    """`fn()` running on a thread of its own from construction on; `result()` waits for it (the
+    first call joins the thread, later ones return at once) and returns its value or raises its
+    exception: the same object, with the thread's frames in its traceback.
+
+    `seconds` is the call's own wall time, `waited` how long `result()` blocked. With `serial`
+    (default: RLKUBE_SERIAL_STARTUP=1 in the environment) the call runs here, before the
+    constructor returns, and its exception is raised from here; then `waited` is `seconds`."""
+
+    def __init__(self, fn: Callable[[], _T], name: str, serial: bool | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._fn, self._clock = fn, clock
+        self._value: _T | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.seconds = self.waited = 0.0
+        if serial is None:
+            serial = os.environ.get(ENV_SERIAL_STARTUP, "") == "1"
+        if serial:
+            t0 = clock()
+            try:
+                self._value = fn()
+            finally:
+                self.seconds = self.waited = clock() - t0
+            return
+        self._thread = threading.Thread(target=self._run, name=f"rlkube-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = self._clock()
+        try:
+            self._value = self._fn()
+        except BaseException as e:  # raised by result(), on the thread that wants the value
+            self._error = e
+        finally:
+            self.seconds = self._clock() - t0
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            t0 = self._clock()
+            self._thread.join()
+            self.waited = self._clock() - t0
+            self._thread = None
+
+    def error(self) -> BaseException | None:
+        """What the call raised (None: it returned), once it is done (waits for it)."""
+        self._join()
+        return self._error
+
+    def result(self) -> _T:
+        """The call's value, once it is done (waits for it); its exception raised, unchanged."""
+        self._join()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+class DataBeside(Generic[_T]):
+    """A trainer's data set read and tokenised by `load` on a thread (InBackground) while its build
+    loads the models, counted in `clock`'s split (dataLoad: the thread's time; dataWait: the
+    build's wait for it) once, at the first `ready()`."""
+
+    def __init__(self, clock: StartupClock, load: Callable[[], _T]) -> None:
+        self.clock = clock
+        self.pending = InBackground(load, "data")
+        self.counted = False
+
+    def ready(self) -> _T:
+        """The data, waited for; a data error raised as the load raised it."""
+        try:
+            return self.pending.result()
+        finally:
+            if not self.counted:
+                self.counted = True
+                self.clock.add("dataLoad", self.pending.seconds)
+                self.clock.add("dataWait", self.pending.waited)
+
+    @contextmanager
+    def errors_first(self) -> Iterator[None]:
+        """Within: the build that goes on while the data loads. An error there waits for the data,
+        and a data error is raised in its place: a run with bad data fails on its data, whatever
+        else is wrong, as when the data was loaded before the models."""
+        try:
+            yield
+        except Exception:
+            error = self.pending.error()
+            if error is not None:
+                raise error from None
+            raise
 
 
 def compile_seconds() -> float:

@@ -36,9 +36,10 @@ from typing import ClassVar, TypeVar
 import torch
 
 from rlkube.runtime.contract.config import RuntimeConfig
+from rlkube.runtime.data.tokenizer import Tokenizer, load_tokenizer
 from rlkube.runtime.engine.freezing import parameter_budget
 from rlkube.runtime.infra.checkpoint import Checkpointer, latest
-from rlkube.runtime.infra.compile_artifacts import load_artifacts, saved_artifacts
+from rlkube.runtime.infra.compile_artifacts import checkpoint_attachments, load_artifacts
 from rlkube.runtime.infra.distributed import DistContext, init_from_env, shutdown, tighten_timeout
 from rlkube.runtime.infra.errors import NonFiniteLoss, Terminated
 from rlkube.runtime.infra.export import Exporter, model_meta
@@ -47,7 +48,7 @@ from rlkube.runtime.infra.log import emit, log, setup_logging
 from rlkube.runtime.infra.metrics import GpuMonitor, peak_flops
 from rlkube.runtime.infra.sigterm import SigtermFlag
 from rlkube.runtime.infra.staging import checkpoint_bytes_estimate
-from rlkube.runtime.infra.startup import StartupClock, compile_cache_counts, compile_seconds
+from rlkube.runtime.infra.startup import DataBeside, StartupClock, compile_cache_counts, compile_seconds
 from rlkube.runtime.trainers.batching import SampleCost
 from rlkube.runtime.trainers.evaluation import Evaluation
 from rlkube.runtime.trainers.record import StepRecord, StepReport, TrainResult
@@ -149,7 +150,8 @@ class Trainer:
         self.checkpointer = Checkpointer(config.checkpoint.dir, config.checkpoint.keep, ctx, background=True,
                                          staging=self.checkpoint_staging)
         self.checkpointer.before_commit = self.hooks.before_checkpoint_commit
-        self.checkpointer.attachments = lambda: saved_artifacts(ctx.rank)  # torch.compile's work, for the restart
+        # torch.compile's work, for the restart; what collecting it cost goes into each save's record
+        self.checkpointer.attachments = lambda: checkpoint_attachments(ctx.rank)
         self.monitor = GpuMonitor(ctx.device)
         self.peak, self.peak_source = peak_flops(ctx.device)
         self.start_step = 0
@@ -321,9 +323,14 @@ class Trainer:
         found = latest(self.config.checkpoint.dir)
         return load_artifacts(found[1] if found else None, self.ctx.rank)
 
-    def loading_data(self):
-        """Within (a trainer's build): the time counts as the start-up split's dataLoad."""
-        return self.startup.within("dataLoad")
+    def start_data(self, load: Callable[[Tokenizer], _T]) -> tuple[Tokenizer, DataBeside[_T]]:
+        """The tokenizer, loaded here (it is quick, and the models' build reads its vocabulary; its
+        load counts to dataLoad and dataWait), and `load(tokenizer)`, reading and tokenising the
+        data set, started on a thread so it runs while the build loads the models: `ready()` where
+        the data is first needed, the build before that inside `errors_first()`."""
+        with self.startup.within("dataLoad", "dataWait"):
+            tokenizer = load_tokenizer(self.config.model.tokenizer)
+        return tokenizer, DataBeside(self.startup, lambda: load(tokenizer))
 
     @contextmanager
     def committed_on_exit(self) -> Iterator[None]:

@@ -46,7 +46,7 @@ from rlkube.runtime.data.packing import TokenBatch, pack_pairs, pad_pairs
 from rlkube.runtime.data.preferences import PreferenceData, load_preference_data
 from rlkube.runtime.data.prefetch import Prefetcher
 from rlkube.runtime.data.sampler import StepSampler
-from rlkube.runtime.data.tokenizer import Tokenizer, load_tokenizer
+from rlkube.runtime.data.tokenizer import Tokenizer
 from rlkube.runtime.engine.freezing import apply_trainable_modules
 from rlkube.runtime.engine.logprobs import SequenceLogprobs
 from rlkube.runtime.engine.lora import ReferenceView, add_lora
@@ -193,17 +193,28 @@ class DPOTrainer(Trainer):
         super().__init__(config, ctx, hooks)
 
     def build(self) -> None:
-        config, ctx = self.config, self.ctx
-        with self.loading_data():
-            self.tokenizer = load_tokenizer(config.model.tokenizer)
-            self.data, self.eval_data = self.objective.load(self.tokenizer)
-            self.costs = self.objective.costs(self.data)
-        packing = config.data.packing
-        lengths = None if packing or not config.data.length_bucketing else [c.longest for c in self.costs]
+        config = self.config
+        # The data set is read and tokenised on a thread while the models load (the memory plan
+        # needs nothing of it); the sampler is the first thing that waits for it.
+        self.tokenizer, data = self.start_data(self._load_data)
+        with data.errors_first():
+            self._build_models()
+        self.data, self.eval_data, self.costs = data.ready()
+        lengths = None if config.data.packing or not config.data.length_bucketing else [c.longest for c in self.costs]
         try:
             self.sampler = StepSampler(len(self.data), config.batching.global_batch, config.data.seed, lengths)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+    def _load_data(self, tokenizer: Tokenizer) -> tuple[Any, Any | None, list[SampleCost]]:
+        """The training data, the eval data and the training samples' costs (on the data thread)."""
+        data, eval_data = self.objective.load(tokenizer)
+        return data, eval_data, self.objective.costs(data)
+
+    def _build_models(self) -> None:
+        """The memory plan, policy and reference, the batcher and the optimizer."""
+        config, ctx = self.config, self.ctx
+        packing = config.data.packing
         # Before any weight is loaded: DoesNotFit (exit 3) when policy and reference cannot fit at all.
         self.plan = plan_memory(config, ctx, preference_models(config, ctx))
         self.checkpoint_staging = staging_of(self.plan)

@@ -46,9 +46,9 @@ from rlkube.runtime.algorithms.registry import get_adv_estimator, rl_algorithm
 from rlkube.runtime.contract.config import RuntimeConfig
 from rlkube.runtime.data.eval_split import split_eval
 from rlkube.runtime.data.prefetch import Prefetcher
-from rlkube.runtime.data.prompts import load_prompt_data
+from rlkube.runtime.data.prompts import PromptData, load_prompt_data
 from rlkube.runtime.data.sampler import StepSampler
-from rlkube.runtime.data.tokenizer import load_tokenizer
+from rlkube.runtime.data.tokenizer import Tokenizer
 from rlkube.runtime.engine.lora import ReferenceView
 from rlkube.runtime.engine.sampling import SamplingParams
 from rlkube.runtime.infra.distributed import DistContext, all_reduce_max, all_reduce_sum
@@ -83,13 +83,31 @@ TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSecon
            "generationSeconds", "trainingSeconds")
 
 
-def load_prompts(cfg: RuntimeConfig) -> tuple:
-    """The tokenizer, the training prompts and the evaluation prompts (None without data.eval). A
-    prompt leaves room for the longest response: one completion, or a multi-turn episode."""
-    tokenizer = load_tokenizer(cfg.model.tokenizer)
+def load_prompts(cfg: RuntimeConfig, tokenizer: Tokenizer) -> tuple[PromptData, PromptData | None]:
+    """The training prompts and the evaluation prompts (None without data.eval). A prompt leaves
+    room for the longest response: one completion, or a multi-turn episode."""
     data = load_prompt_data(cfg.data, tokenizer, cfg.rollout.episode_tokens)
-    train, eval_data = split_eval(cfg.data, data, lambda spec: load_prompt_data(spec, tokenizer, cfg.rollout.episode_tokens))
-    return tokenizer, train, eval_data
+    return split_eval(cfg.data, data, lambda spec: load_prompt_data(spec, tokenizer, cfg.rollout.episode_tokens))
+
+
+def check_divisible(rows: int, ranks: dict[str, list[int]], mini_batches: int) -> None:
+    """ConfigError unless a step's `rows` split evenly over every role's ranks and into
+    `mini_batches` mini-batches that split evenly over the trained roles' ranks."""
+    for role, members in ranks.items():
+        if rows % len(members):
+            raise ConfigError(
+                f"batching.globalBatch: {rows} rows per step (globalBatch x groupSize) must split "
+                f"evenly over the {len(members)} ranks of role {role}"
+            )
+    per_mini = rows // mini_batches
+    if rows % mini_batches:
+        raise ConfigError(f"training.miniBatches: {mini_batches} does not divide the {rows} rows per step")
+    for role in ("actor", "critic"):
+        if role in ranks and per_mini % len(ranks[role]):
+            raise ConfigError(
+                f"training.miniBatches: a mini-batch of {per_mini} rows must split evenly over the "
+                f"{len(ranks[role])} ranks of role {role}"
+            )
 
 
 class RLTrainer(Trainer):
@@ -109,22 +127,30 @@ class RLTrainer(Trainer):
         # kl > 0 without a reference and a reward role without a source are refused when the
         # config is validated (contract/algorithm_settings.py), before any pod starts.
         self.rows = cfg.batching.global_batch * self.group_size
-        self._check_divisible()
-        with self.loading_data():
-            self.tokenizer, self.data, eval_data = load_prompts(cfg)
+        check_divisible(self.rows, self.groups.ranks, tcfg.mini_batches)
+        self.reuse_rollout = tcfg.ppo_epochs > 1 or tcfg.mini_batches > 1
+        # The prompts are read and tokenised on a thread while the trained models load. On CUDA the
+        # memory plan waits for them: it sizes decode rows for the longest prompt
+        # (fixed_prompt_width) and comes before any weight is loaded. Elsewhere the scorer is the
+        # first to need them.
+        self.tokenizer, data = self.start_data(lambda tokenizer: load_prompts(cfg, tokenizer))
+        with data.errors_first():
+            cuda = self.ctx.device.type == "cuda"
+            prompt_width = fixed_prompt_width(cfg, data.ready()[0], self.ctx.device) if cuda else None
+            actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
+            self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows,
+                                       prompt_width)
+            self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows,
+                                     memo=(cfg.checkpoint.dir, self.ctx.rank))
+            self.budgets.agree(self.ctx)
+            self.checkpoint_staging = staging_of(self.plan)
+            self._build_trained_roles()
+        self.data, eval_data = data.ready()
         try:
             sampler = StepSampler(len(self.data), cfg.batching.global_batch, cfg.data.seed)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.reuse_rollout = tcfg.ppo_epochs > 1 or tcfg.mini_batches > 1
-        prompt_width = fixed_prompt_width(cfg, self.data, self.ctx.device)
-        actor_rows = self.rows // len(self.groups.ranks["actor"]) if "actor" in self.groups.here else 0
-        self.plan = plan_rl_memory(cfg, self.ctx, self.groups.here, self.algorithm.critic, actor_rows, prompt_width)
-        self.budgets = RLBudgets(cfg.batching, self.plan, cfg.rollout.decode_rows,
-                                 memo=(cfg.checkpoint.dir, self.ctx.rank))
-        self.budgets.agree(self.ctx)
-        self.checkpoint_staging = staging_of(self.plan)
-        self._build_workers()
+        self.scorer = self._scorer()
         sampling = SamplingParams.from_rollout(cfg.rollout, self.tokenizer.eos_id, self.tokenizer.pad_id)
         engine = self.actor.engine if self.actor else None
         # rollout.maxTurns > 1: the actor plays each prompt out as an episode with tools (multi_turn.py)
@@ -137,8 +163,8 @@ class RLTrainer(Trainer):
             self.rows, self.sync, self.episodes)
         self._prompt_stream = None  # (step, PromptBatch) from the prefetch thread, from the first step on
 
-    def _build_workers(self) -> None:
-        """The trained roles held here (what this rank checkpoints) and the scorer."""
+    def _build_trained_roles(self) -> None:
+        """The trained roles held here (what this rank checkpoints)."""
         cfg, here = self.config, self.groups.here
         self.trainable = torch.nn.ModuleDict()
         self.actor = self.critic = None
@@ -154,7 +180,11 @@ class RLTrainer(Trainer):
         self.workers = [w for w in (self.actor, self.critic) if w is not None]
         for worker in self.workers:
             worker.before_micro_batch = self.hooks.before_micro_batch
-        self.scorer = Scorer(
+
+    def _scorer(self) -> Scorer:
+        """The scorer of this rank's roles (it builds the reference and reward models held here)."""
+        cfg = self.config
+        return Scorer(
             cfg, self.groups, self.tokenizer, self.data,
             with_values=self.algorithm.critic,
             with_old_logprobs=self.reuse_rollout or self.algorithm.kl_in_reward(cfg.training),
@@ -180,24 +210,6 @@ class RLTrainer(Trainer):
                 "with the adapters off instead"))
             return None
         return ReferenceView(self.actor.model)
-
-    def _check_divisible(self) -> None:
-        t, ranks = self.config.training, self.groups.ranks
-        for role, members in ranks.items():
-            if self.rows % len(members):
-                raise ConfigError(
-                    f"batching.globalBatch: {self.rows} rows per step (globalBatch x groupSize) must split "
-                    f"evenly over the {len(members)} ranks of role {role}"
-                )
-        per_mini = self.rows // t.mini_batches
-        if self.rows % t.mini_batches:
-            raise ConfigError(f"training.miniBatches: {t.mini_batches} does not divide the {self.rows} rows per step")
-        for role in ("actor", "critic"):
-            if role in ranks and per_mini % len(ranks[role]):
-                raise ConfigError(
-                    f"training.miniBatches: a mini-batch of {per_mini} rows must split evenly over the "
-                    f"{len(ranks[role])} ranks of role {role}"
-                )
 
     # -- one step ------------------------------------------------------------------------
     def prompts(self, step: int) -> PromptBatch:

@@ -221,11 +221,14 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             env.pop(k, None)
         if args.cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
+        dropped = drop_page_cache() if args.cold else None
         proc, recs, sampler, launched, exited = run_cli(cfg_path, env, args, gpu_sampler_gpu, case_name)
         if proc.returncode != 0:
             return {"case": case_name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
         result = summarize(case_name, recs, sampler, launched, exited) | {"rollout": rollout or {},
                                                                           "recompiles": recompiles_of(proc.stderr)}
+        if dropped is not None:
+            result["pageCacheDropped"] = dropped
         if args.restart:
             # The same job restarted (as after a pod is replaced): resumes from the last checkpoint,
             # with the compile cache the first run left in checkpoint.dir.
@@ -246,6 +249,17 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         if environment is not None:
             environment.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def drop_page_cache() -> bool:
+    """Empty the host's page cache (root only) so the run reads its model from disk as on a fresh
+    node; False where the kernel refuses (not root, a read-only /proc/sys)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
 
 
 class LocalEnvironment:
@@ -400,6 +414,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward-ms", type=float, default=0.0,
                     help="GRPO/PPO: a reward function that spends this many ms of Python per completion "
                     "(tests/gpu/slow_reward.py), as a verifier does")
+    ap.add_argument("--cold", action="store_true",
+                    help="empty the host's page cache before each case's first launch (root), so the "
+                    "model is read from disk as on a fresh node")
     ap.add_argument("--remote-env", type=int, default=0, metavar="SLOTS",
                     help="GRPO/PPO: score through roles.reward.remote, the reference environment "
                     "(images/environment/server.py) on loopback with SLOTS verifier slots, each completion "

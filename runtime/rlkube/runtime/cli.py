@@ -97,6 +97,16 @@ def run(config: RuntimeConfig, **kwargs):
     return importlib.import_module(ALGORITHMS[config.algorithm].trainer).train(config, **kwargs)
 
 
+def model_paths(config: RuntimeConfig) -> list[str]:
+    """The model directories the run loads: the actor's, and any role's own model."""
+    paths = [config.model.path]
+    for name in type(config.roles).model_fields:
+        role = getattr(config.roles, name, None)
+        model = getattr(role, "model", None)
+        paths.append(getattr(model, "path", None))
+    return [p for p in paths if p]
+
+
 def config_failed(e: ConfigError) -> int:
     """A config (or data) error: said on stderr and in the termination message; EXIT_CONFIG."""
     print(f"config error: {e}", file=sys.stderr)
@@ -191,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(ns.config, ns.set)
     except ConfigError as e:
         return config_failed(e)
+    # The weights are read into the page cache while torch and transformers import (readahead.py).
+    from rlkube.runtime.infra.readahead import start_readahead
+
+    start_readahead(model_paths(config), config.checkpoint.dir)
     from rlkube.runtime.infra.launch import launch_mode, pod_rank_env, spawn_workers
     from rlkube.runtime.infra.progress import serve_health_early
     from rlkube.runtime.infra.startup import allocator_env, compile_cache_env

@@ -78,8 +78,7 @@ def test_kv_cache_across_turns_gives_the_log_probs_of_encoding_the_episode_again
 
     out = EpisodeDecoder(Decoder(lm, static_cache=False), max_turns=4, max_episode_tokens=EPISODE,
                          stop_ids=[stop]).generate(ids, mask, dataclasses.replace(params, temperature=0.0), between,
-                                                   torch.Generator().manual_seed(3), logprobs=True,
-                                                   batch_rows=batch_rows)
+                                                   torch.Generator().manual_seed(3), batch_rows=batch_rows)
     assert max(out.turns) > 1 and (out.response_mask - out.policy_mask).sum() > 0  # tools were called
     policy = PolicyModel(lm, temperature=0.0)  # greedy: the log-probs of the model's own distribution
     seq, att = torch.cat([ids, out.response_ids], 1), torch.cat([mask, out.response_mask], 1)

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlkube.runtime.engine import decode_batch
 from rlkube.runtime.engine.decode_batch import DecodeBatch, SlotCache, read_buckets
 from rlkube.runtime.engine.generation import Decoder, SamplingParams, sample_tokens
+from rlkube.runtime.engine.sampling import sampled_logprobs
 
 torch.set_num_threads(1)
 VOCAB, PAD = 64, 0
@@ -135,7 +136,7 @@ def test_the_decode_step_has_no_host_sync():
     """What runs per token (the step and the sampling) must not read device values on the host:
     on CUDA that would stall the queue every token and break the captured graph."""
     sync = re.compile(r"\.item\(|\.tolist\(|\.nonzero\(|\.cpu\(|(?<![\w.])(?:bool|int|float)\((?![\"'])|\.any\(\)|\.all\(\)")
-    for fn in (DecodeBatch._step, sample_tokens):
+    for fn in (DecodeBatch._step, sample_tokens, sampled_logprobs):
         body = inspect.getsource(fn).split('"""')[-1]
         assert not sync.search(body), (fn.__name__, sync.search(body))
 

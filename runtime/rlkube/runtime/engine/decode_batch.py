@@ -12,7 +12,8 @@ drain) runs at the cost of a small batch; each size has its own cache and graphs
 
 Per-row bookkeeping lives on the device: the row's completion length, its finished flag, the next
 write slot and position. One decode step is: sample the next token from the previous step's
-logits (on the logits as the model returned them, bf16 on GPU), record it, advance the row's
+logits (on the logits as the model returned them, bf16 on GPU), record it and its log-prob
+(sampling.sampled_logprobs: one fp32 logsumexp over the vocabulary), advance the row's
 counters, open its new slot in the attention mask, and run the model's forward for the new
 tokens. On CUDA that whole step is one captured graph (sampling included: the graph's own
 generator is registered with it and seeded once per call), so a step costs one graph launch and
@@ -41,7 +42,7 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import Cache
 
-from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens
+from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
 
 # How often (in steps) the host reads the finished flags: each read is a host sync, and refills
 # happen only then. A finished row idles at most this many steps minus one.
@@ -161,6 +162,8 @@ class DecodeBatch:
         # Column max_new_tokens takes the pad writes of rows already at their limit.
         self.history = torch.full((rows, params.max_new_tokens + 1), params.pad_token_id, dtype=torch.long,
                                   device=device)
+        # The log-prob of each token of `history` when it was sampled (0 where a pad was written).
+        self.logprob_history = torch.zeros(rows, params.max_new_tokens + 1, dtype=torch.float32, device=device)
         # A one-token prefill of every row allocates the cache at its final addresses and gives
         # the logits buffer its shape and dtype (bf16 on GPU: sampling reads them as they are).
         # Eager, as every prefill (decode_layers.py): compiled, its one-slot mask made the layers'
@@ -182,8 +185,11 @@ class DecodeBatch:
         """Sample from the last logits, record, advance, and run the forward of the new tokens."""
         p = self.params
         active = ~self.finished
-        token = torch.where(active, sample_tokens(self.logits, p, self.rng), p.pad_token_id)
+        sampled = sample_tokens(self.logits, p, self.rng)
+        token = torch.where(active, sampled, p.pad_token_id)
+        logprob = torch.where(active, sampled_logprobs(self.logits, sampled, p), 0.0)
         self.history.scatter_(1, self.gen_len[:, None], token[:, None])
+        self.logprob_history.scatter_(1, self.gen_len[:, None], logprob[:, None])
         self.gen_len.add_(active.long())
         done = self.gen_len >= p.max_new_tokens
         if p.eos_token_id is not None:
@@ -243,7 +249,7 @@ class DecodeBatch:
         for mine, theirs in ((self.cache.keys, src.cache.keys), (self.cache.values, src.cache.values)):
             for layer, tensor in enumerate(mine):
                 tensor[:k] = theirs[layer].index_select(0, index)
-        for name in ("mask", "gen_len", "base_pos", "finished", "history", "logits"):
+        for name in ("mask", "gen_len", "base_pos", "finished", "history", "logprob_history", "logits"):
             getattr(self, name)[:k] = getattr(src, name).index_select(0, index)
         self.mask[k:] = self.blocked
         self.mask[k:, ..., :1] = self.allowed[k:]
@@ -288,12 +294,14 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
     smaller, not below COMPACT_MIN_ROWS): the drain of the last long completions then runs at the
     cost of a smaller batch instead of the full one.
 
-    Returns (response [N, T], response_mask [N, T], stats) with T the longest completion."""
+    Returns (response [N, T], response_mask [N, T], logprobs [N, T] fp32, stats) with T the longest
+    completion; logprobs holds each sampled token's log-prob (sampling.sampled_logprobs), 0 on pads."""
     params, rows = batch.params, batch.rows
     device = input_ids.device
     count = input_ids.shape[0]
     limit = params.max_new_tokens
     response = torch.full((count, limit + 1), params.pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((count, limit + 1), dtype=torch.float32, device=device)
     lengths = torch.zeros(count, dtype=torch.long, device=device)
     waiting = deque(range(count))
     assigned = [-1] * rows  # prompt index held by each row, -1 when idle
@@ -329,6 +337,7 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
             rows_t = torch.tensor(done, device=device)
             prompts_t = torch.tensor([assigned[r] for r in done], device=device)
             response.index_copy_(0, prompts_t, batch.history[rows_t])
+            logprobs.index_copy_(0, prompts_t, batch.logprob_history[rows_t])
             lengths.index_copy_(0, prompts_t, batch.gen_len[rows_t])
             for r in done:
                 assigned[r] = -1
@@ -356,4 +365,5 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
     width = int(lengths.max())
     response_mask = torch.arange(width, device=device)[None, :] < lengths[:, None]
     response = torch.where(response_mask, response[:, :width], params.pad_token_id)
-    return response, response_mask.long(), stats
+    logprobs = torch.where(response_mask, logprobs[:, :width], 0.0)
+    return response, response_mask.long(), logprobs, stats

@@ -26,6 +26,10 @@ sequence; a row there could not take tool tokens without its own prefill into it
 Tokens: with `max_turns` 1 and no stop sequence the tokens are those of the plain loop
 (`Decoder` with `static_cache=False`) for the same generator: the same prefill, masks, positions
 and one draw for the whole batch per step.
+
+Log-probs: each token the policy sampled is recorded with its log-prob under the temperature-scaled
+softmax it was drawn from (`sampling.sampled_logprobs`, the trainer's convention); appended tool
+tokens were not sampled and get 0.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import torch
 
 from rlkube.runtime.engine.attention import swapped
 from rlkube.runtime.engine.generation import Decoder
-from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens
+from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
 
 # (row indices of the call, each row's tokens of the turn that just ended) -> per row: the tokens
 # to append before its next turn, or None to end its episode.
@@ -53,7 +57,7 @@ class EpisodeOutput:
     response_ids: torch.Tensor  # [B, T], pad after the episode's end
     response_mask: torch.Tensor  # [B, T], 1 on every real token: the policy's and the appended
     policy_mask: torch.Tensor  # [B, T], 1 on the tokens the policy generated
-    logprobs: torch.Tensor | None  # [B, T] fp32 log-probs of the policy's tokens (0 elsewhere), if asked
+    logprobs: torch.Tensor  # [B, T] fp32 log-probs of the policy's tokens when sampled (0 elsewhere)
     turns: list[int]  # assistant turns of each episode
     generated_tokens: int  # tokens the policy generated, all episodes
 
@@ -85,7 +89,7 @@ class EpisodeDecoder:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
                  between: BetweenTurns, generator: torch.Generator | None = None,
-                 logprobs: bool = False, batch_rows: int | None = None) -> EpisodeOutput:
+                 batch_rows: int | None = None) -> EpisodeOutput:
         """Every row of a left-padded prompt batch ([N, P]) played out as an episode, in waves of
         `batch_rows` rows (None: all at once); `between` gets global row indices."""
         device = next(self.model.parameters()).device
@@ -103,8 +107,8 @@ class EpisodeDecoder:
                 self.decoder.eager():
             for start in range(0, count, step):
                 rows += self._wave(input_ids[start:start + step], prompt_mask[start:start + step], params,
-                                   between, generator, logprobs, start)
-        return self._output(input_ids, prompt_mask, rows, params, logprobs)
+                                   between, generator, start)
+        return self._output(input_ids, prompt_mask, rows, params)
 
     # -- one wave ------------------------------------------------------------------------------
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
@@ -116,7 +120,7 @@ class EpisodeDecoder:
         return out.logits[:, -1, :]
 
     def _wave(self, input_ids, prompt_mask, params: SamplingParams, between: BetweenTurns, generator,
-              with_logprobs: bool, first_row: int) -> list[_Row]:
+              first_row: int) -> list[_Row]:
         from transformers import DynamicCache
 
         device = input_ids.device
@@ -129,19 +133,15 @@ class EpisodeDecoder:
         next_position = positions[:, -1] + 1
         width = prompt_len  # cache columns written
         rows = [_Row([], [], [], []) for _ in range(batch)]
-        temperature = params.temperature if params.temperature > 0 else 1.0
         while True:
             # -- decode the turn of every active row --------------------------------------------
             while any(r.active for r in rows):
                 token = sample_tokens(logits, params, generator)
-                chosen = None
-                if with_logprobs:
-                    chosen = torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, token[:, None])[:, 0]
-                    chosen = chosen.tolist()
+                chosen = sampled_logprobs(logits, token, params)
                 produced = [r.active for r in rows]
-                for b, (r, t) in enumerate(zip(rows, token.tolist(), strict=True)):
+                for r, t, logprob in zip(rows, token.tolist(), chosen.tolist(), strict=True):
                     if r.active:
-                        self._take(r, t, chosen[b] if chosen is not None else 0.0, params)
+                        self._take(r, t, logprob, params)
                 if not any(r.active for r in rows):
                     break  # the last tokens wait as `pending` for the appended tokens' forward
                 if width + 1 > key_valid.shape[1]:
@@ -213,8 +213,7 @@ class EpisodeDecoder:
         return logits, next_position + valid.long().sum(dim=1), key_valid, width + block
 
     # -- the result ------------------------------------------------------------------------------
-    def _output(self, input_ids, prompt_mask, rows: list[_Row], params: SamplingParams,
-                with_logprobs: bool) -> EpisodeOutput:
+    def _output(self, input_ids, prompt_mask, rows: list[_Row], params: SamplingParams) -> EpisodeOutput:
         device = input_ids.device
         width = max(1, max(len(r.tokens) for r in rows))
         ids = torch.full((len(rows), width), params.pad_token_id, dtype=torch.long)
@@ -228,7 +227,7 @@ class EpisodeDecoder:
             policy[b, :n] = torch.tensor(r.policy, dtype=torch.long)
             logps[b, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
         return EpisodeOutput(input_ids, prompt_mask, ids.to(device), mask.to(device), policy.to(device),
-                             logps.to(device) if with_logprobs else None, [r.turns for r in rows],
+                             logps.to(device), [r.turns for r in rows],
                              int(policy.sum()))
 
 

@@ -17,6 +17,10 @@ launch and the host syncs only every few steps to look for finished rows.
 Cache slots: a row's prompt block occupies slots [0, P) (left padding included, masked out);
 its k-th generated token sits at slot P + k. Position ids count only real tokens, so a row's
 first generated token has position = its prompt length, exactly as HF `generate` does.
+
+Log-probs: every path records, for each sampled token, its log-prob under the temperature-scaled
+softmax it was drawn from (`sampling.sampled_logprobs`, the trainer's convention), so the trainer
+can measure how far its own forward's log-probs of the same tokens are from generation's.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from rlkube.runtime.engine.attention import attention_mode, swapped
 from rlkube.runtime.engine.decode_batch import BUCKETS, DecodeBatch, decode
 from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
 from rlkube.runtime.engine.decode_layers import CompiledDecodeLayers
-from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens
+from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ class GenerationOutput:
     prompt_mask: torch.Tensor  # [B, P], 1 on real prompt tokens
     response_ids: torch.Tensor  # [B, T], pad after EOS
     response_mask: torch.Tensor  # [B, T], 1 on generated tokens up to and including EOS
+    # [B, T] fp32: each generated token's log-prob when it was sampled (sampling.sampled_logprobs), 0 on pads
+    logprobs: torch.Tensor | None = None
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -213,11 +219,11 @@ class Decoder:
             captured_before = self.capture_seconds_total
             batch = self._decode_batch(rows, input_ids.shape[1], params)
             resize = self._smaller_batch if self.compact else None
-            response, response_mask, self.last_stats = decode(batch, input_ids, prompt_mask, generator,
-                                                              self.refill, resize)
+            response, response_mask, logprobs, self.last_stats = decode(batch, input_ids, prompt_mask, generator,
+                                                                        self.refill, resize)
             # Seconds of this call spent building decode batches (graph capture), 0 when reused.
             self.last_stats["captureSeconds"] = round(self.capture_seconds_total - captured_before, 3)
-        return GenerationOutput(input_ids, prompt_mask, response, response_mask)
+        return GenerationOutput(input_ids, prompt_mask, response, response_mask, logprobs)
 
     def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
         weights = tuple(p.data_ptr() for p in self.model.parameters())
@@ -265,6 +271,7 @@ class Decoder:
             torch.cat([pad(o.response_ids, (0, width - o.response_ids.shape[1]), value=params.pad_token_id)
                        for o in outs]),
             torch.cat([pad(o.response_mask, (0, width - o.response_mask.shape[1])) for o in outs]),
+            torch.cat([pad(o.logprobs, (0, width - o.logprobs.shape[1])) for o in outs]),
         )
 
     def _generate_eager(self, input_ids, prompt_mask, params: SamplingParams, generator) -> GenerationOutput:
@@ -289,11 +296,13 @@ class Decoder:
         response = torch.full((batch, params.max_new_tokens), params.pad_token_id, dtype=torch.long,
                               device=device)
         response_mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.long, device=device)
+        logprobs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         next_position = positions[:, -1:] + 1
         steps_run = 0
         for step in range(params.max_new_tokens):
             token = sample_tokens(logits, params, generator)
+            logprobs[:, step] = torch.where(finished, 0.0, sampled_logprobs(logits, token, params))
             token = torch.where(finished, params.pad_token_id, token)
             response[:, step] = token
             response_mask[:, step] = (~finished).long()
@@ -314,6 +323,7 @@ class Decoder:
             prompt_mask=prompt_mask,
             response_ids=response[:, :steps_run],
             response_mask=response_mask[:, :steps_run],
+            logprobs=logprobs[:, :steps_run],
         )
 
 

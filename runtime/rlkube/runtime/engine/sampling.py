@@ -1,5 +1,6 @@
 """How the next token is picked: the rollout's sampling settings and the sampler the decoder runs
-inside its captured step (generation.py's plain loop and decode_batch.py's continuous batching)."""
+inside its captured step (generation.py's plain loop and decode_batch.py's continuous batching),
+and the log-prob each generation path records for the token it sampled (`sampled_logprobs`)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,22 @@ def sample_tokens(
         scores = scores.masked_fill(~keep, float("-inf"))
     noise = torch.empty(scores.shape, dtype=torch.float32, device=scores.device).exponential_(generator=generator)
     return torch.add(scores, noise.log_(), alpha=-params.temperature).argmax(dim=-1)
+
+
+def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """fp32 log-prob [B] of each row's sampled token under log_softmax(logits.float() / T), T the
+    rollout temperature (T = 1 at temperature 0: the model's own distribution).
+
+    This is the convention of the trainer's log-probs (engine/policy.py: logits / T in fp32, T = 1
+    for greedy rollouts), so the two compare like with like. With top-k / top-p the sampler draws
+    from the restricted, renormalised distribution, but the log-prob recorded here is still the
+    full temperature-scaled softmax's: what the training forward computes for the same token.
+
+    One fp32 logsumexp over the vocabulary and a gather: the fp32 copy of the logits lives only for
+    this call. No host sync, so it runs inside the decoder's captured CUDA graph as well as eagerly.
+    """
+    z = logits.float()
+    if params.temperature not in (0.0, 1.0):
+        # divided, not multiplied by 1/T: the training forward's arithmetic (fused_head.chunk_stats)
+        z = z.div_(params.temperature) if z is not logits else z / params.temperature
+    return z.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(z, dim=-1)

@@ -99,7 +99,7 @@ class MultiTurnEpisodes:
                                       stop_ids=tokenizer.encode(TOOL_CALL_CLOSE))
 
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-                 episode_prefix: str, first_row: int = 0, logprobs: bool = False) -> tuple[EpisodeOutput, ToolStats]:
+                 episode_prefix: str, first_row: int = 0) -> tuple[EpisodeOutput, ToolStats]:
         """The episodes of the prompt rows `ids`/`mask` (rows first_row.. of the rollout), their
         policy masks zeroed where a tool call failed, and what they did."""
         stats, failed = ToolStats(), set()
@@ -108,11 +108,10 @@ class MultiTurnEpisodes:
             return self._answer([f"{episode_prefix}-{first_row + row}" for row in rows], rows, turns, stats, failed)
 
         if self.engine.generating:
-            out = self.decoder.generate(ids, mask, params, between, generator, logprobs, self.engine.decoder.batch_rows)
+            out = self.decoder.generate(ids, mask, params, between, generator, self.engine.decoder.batch_rows)
         else:
             with self.engine.generation_mode():
-                out = self.decoder.generate(ids, mask, params, between, generator, logprobs,
-                                            self.engine.decoder.batch_rows)
+                out = self.decoder.generate(ids, mask, params, between, generator, self.engine.decoder.batch_rows)
         stats.episodes = len(out.turns)
         stats.turns = sum(out.turns)
         stats.tool_tokens = int((out.response_mask - out.policy_mask).sum())

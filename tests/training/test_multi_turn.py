@@ -184,6 +184,27 @@ def test_tool_tokens_are_attended_to_and_never_trained_on(tmp_path, monkeypatch)
     assert trained_on["actor"].tokens == policy_tokens  # the loss's tokens: the policy's, no tool token
 
 
+def test_the_generation_mismatch_compares_the_policys_tokens_only(tmp_path, monkeypatch):
+    """(d) The episodes record the log-prob of each token the policy sampled and 0 at the tool
+    tokens (never sampled); the step record's mismatch is over the policy's tokens only: a log-prob
+    put at every tool token would dominate it if the comparison read them."""
+    trainer = trainer_for(tmp_path, monkeypatch, maxTurns=TURNS, maxEpisodeTokens=EPISODE, tools=TOOLS)
+    real, seen = trainer.rollout.generate, []
+
+    def with_tool_logprobs(step, prompts=None):
+        rollout, stats = real(step, prompts)
+        tool = rollout.episode_mask.bool() & ~rollout.response_mask.bool()
+        seen.append((rollout.generation_logprobs.clone(), rollout.response_mask.bool(), tool))
+        rollout.generation_logprobs = torch.where(tool, -5.0, rollout.generation_logprobs)
+        return rollout, stats
+
+    monkeypatch.setattr(trainer.rollout, "generate", with_tool_logprobs)
+    rec = trainer.train_step(0, 3e-3)
+    recorded, policy, tool = seen[0]
+    assert tool.any() and (recorded[policy] < 0).all() and recorded[~policy].abs().sum() == 0
+    assert 0 <= rec["rolloutLogprobAbsDiff"] < 1e-4 and rec["rolloutLogprobMaxDiff"] < 1e-3, rec
+
+
 def test_max_turns_one_is_todays_rollout(tmp_path, monkeypatch):
     """(c) maxTurns 1 (the default) takes the single-turn path: no policy mask, the decoder's own
     tokens for the step's seed, no multi-turn fields in the record."""

@@ -24,6 +24,7 @@ from rlkube.runtime.trainers.rl.actor import ActorWorker
 from rlkube.runtime.trainers.rl.budgets import RLBudgets
 from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.mismatch import RowMismatch
 from rlkube.runtime.trainers.rl.rollout import Rollout
 from rlkube.runtime.trainers.rl.update import PassTotals, RoleWorker
 
@@ -50,7 +51,8 @@ def rollout(prompts: str = "left-padded") -> Rollout:
     for row, (prompt, response) in enumerate(zip(PROMPTS[prompts], [5, 1, 3, 2, 5, 4], strict=True)):
         att[row, P - prompt : P + response] = 1
     seq = torch.randint(1, V, (ROWS, P + T), generator=g) * att
-    return Rollout(seq, att, P, list(range(ROWS)))
+    generated = -torch.rand(ROWS, T, generator=g) * att[:, P:]  # generation's log-probs (mismatch.py)
+    return Rollout(seq, att, P, list(range(ROWS)), generation_logprobs=generated)
 
 
 def worker(cls: type[RoleWorker], model: torch.nn.Module, device: str) -> RoleWorker:
@@ -62,6 +64,8 @@ def worker(cls: type[RoleWorker], model: torch.nn.Module, device: str) -> RoleWo
     RoleWorker.__init__(w, config, RoleGroups(ctx, {cls.role: [0]}), model, None,
                         RLBudgets(config.batching, None, None))
     w.policy_loss, w.kl_as_loss, w.aggregation = get_policy_loss("grpo"), True, TOKEN_MEAN
+    if cls is ActorWorker:
+        w.mismatch = RowMismatch()
     return w
 
 
@@ -90,6 +94,8 @@ def test_micro_batches_never_wait_for_the_device(role, prompts, model_type):
     assert set(sums) == want
     assert all(v.device.type == "meta" for v in sums.values())
     assert totals.tokens == 20 and len(totals.seq_lens) == ROWS  # counted on the host
+    if role == "actor":  # the mismatch with generation's log-probs is kept on the device too
+        assert w.mismatch.rows.device.type == "meta" and w.mismatch.rows.shape == (ROWS, 6)
 
 
 def test_a_device_boolean_index_is_what_the_meta_run_catches():

@@ -296,10 +296,8 @@ def decode(batch: DecodeBatch, input_ids: torch.Tensor, prompt_mask: torch.Tenso
 
     Returns (response [N, T], response_mask [N, T], logprobs [N, T] fp32, stats) with T the longest
     completion; logprobs holds each sampled token's log-prob (sampling.sampled_logprobs), 0 on pads."""
-    params, rows = batch.params, batch.rows
-    device = input_ids.device
-    count = input_ids.shape[0]
-    limit = params.max_new_tokens
+    params, rows, limit = batch.params, batch.rows, batch.params.max_new_tokens
+    device, count = input_ids.device, input_ids.shape[0]
     response = torch.full((count, limit + 1), params.pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((count, limit + 1), dtype=torch.float32, device=device)
     lengths = torch.zeros(count, dtype=torch.long, device=device)

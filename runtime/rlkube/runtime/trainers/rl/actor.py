@@ -3,7 +3,8 @@
 Its micro-batch loss is the algorithm's registered policy loss (algorithms/registry.py) over the
 rollout's advantages: per token (PPO's GAE) or per sequence (GRPO), with the KL to the reference
 as a loss term unless the algorithm put it into the reward, and the entropy bonus when
-training.entropyCoef > 0; every term reduced by training.lossAggregation.
+training.entropyCoef > 0; every term reduced by training.lossAggregation. Its micro-batches also
+compare the old log-probs with the ones generation recorded (mismatch.py: metrics, not the loss).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rlkube.runtime.infra.metrics import FlopModel
 from rlkube.runtime.trainers.rl.budgets import RLBudgets, role_micro_batches
 from rlkube.runtime.trainers.rl.env_mask import row_weight
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.mismatch import RowMismatch
 from rlkube.runtime.trainers.rl.rollout import Rollout
 from rlkube.runtime.trainers.rl.scoring import response_logprobs
 from rlkube.runtime.trainers.rl.update import RoleWorker
@@ -55,6 +57,7 @@ class ActorWorker(RoleWorker):
         self.policy_loss = get_policy_loss(algorithm.policy_loss)
         self.kl_as_loss = algorithm.kl_as_loss(config.training)
         self.aggregation = get_loss_agg(config.training.loss_aggregation)
+        self.mismatch = RowMismatch()  # generation's log-probs against the old ones, row by row
 
     def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """The policy's per-token log-probs of the responses of `rows` (old log-probs, at rollout time)."""
@@ -70,9 +73,11 @@ class ActorWorker(RoleWorker):
         cols = resp.shape[1]
         logps, entropy = self.model(seq, att, p, resp, with_entropy=cfg.entropy_coef > 0, host_mask=host)
         resp = resp.float()
+        sampled = resp  # every policy token was sampled, also in rows the environment failed to score
         resp = resp * row_weight(scored, idx, resp)  # rows the environment failed to score weigh 0
         # A rollout trained on once has no old log-probs: the ratio is 1 at the current weights.
         old = scored["old_logprobs"][idx, :cols].to(dev) if "old_logprobs" in scored else logps.detach()
+        self.mismatch.add(rollout, idx, old, sampled)
         a = adv["advantages"][idx]
         a = a.to(dev) if a.dim() == 1 else a[:, :cols].to(dev)
         ref = scored["ref_logprobs"][idx, :cols].to(dev) if self.kl_as_loss else None

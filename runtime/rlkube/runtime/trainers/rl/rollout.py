@@ -10,6 +10,11 @@ the policy's turns and the tool turns between them, and `Rollout.policy_mask` sa
 the policy generated. The losses, the KL, the advantages and the token counts read the policy's
 tokens only (`response_mask`); the forwards attend to every token (`attention_mask`).
 
+`Rollout.generation_logprobs` holds the log-prob of each sampled token as generation computed it
+(engine/sampling.py `sampled_logprobs`: the temperature-scaled softmax, the trainer's convention),
+so the trainer can report how far its own forward is from generation's (mismatch.py); they feed
+no loss.
+
 A step's prompt block (`prompts(step)`, a pure function of the step) is host-only work: the
 trainer prepares the next steps' on a thread while the GPU generates and trains.
 """
@@ -56,6 +61,9 @@ class Rollout:
     # [N, P + T], 1 on the tokens the policy generated (multi-turn episodes: not the tool turns; a row
     # masked out after a failed tool call has none). None: every response token is the policy's.
     policy_mask: torch.Tensor | None = None
+    # [N, T] fp32, aligned with `response_mask`: each policy token's log-prob when generation sampled
+    # it (0 on padding and tool tokens). None: not recorded (a rollout built elsewhere than generate).
+    generation_logprobs: torch.Tensor | None = None
 
     @property
     def response_mask(self) -> torch.Tensor:
@@ -104,6 +112,17 @@ def to_response_width(t: torch.Tensor, rollout: Rollout) -> torch.Tensor:
     `on_device` trims columns past the micro-batch's own longest row, so micro-batches of short
     rows come back narrower than the rollout; their results are concatenated along the rows."""
     return torch.nn.functional.pad(t, (0, rollout.response_mask.shape[1] - t.shape[1]))
+
+
+def _bits_as_long(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values carried exactly in an int64 plane (their bits), so the log-probs travel in the
+    rollout's one gather and broadcast of token planes."""
+    return t.view(torch.int32).long()
+
+
+def _long_as_bits(t: torch.Tensor) -> torch.Tensor:
+    """The fp32 values `_bits_as_long` packed."""
+    return t.int().view(torch.float32)
 
 
 def fixed_prompt_width(config: RuntimeConfig, data: PromptData, device: torch.device) -> int | None:
@@ -170,17 +189,17 @@ class RolloutWorker:
             stats["decodeCaptureSeconds"] = decoded["captureSeconds"]
         seq = torch.full((out.prompt_ids.shape[0], width), self.pad_id, dtype=torch.long)
         att = torch.zeros_like(seq)
+        logprobs = torch.zeros(seq.shape, dtype=torch.float32)
         planes = [seq, att]
-        if self.episodes is None:
-            seq[:, : out.sequences.shape[1]] = out.sequences.cpu()
-            att[:, : out.sequences.shape[1]] = out.attention_mask.cpu()
-        else:
+        prompt_len, used = out.prompt_ids.shape[1], out.prompt_ids.shape[1] + out.response_ids.shape[1]
+        seq[:, :used] = torch.cat([out.prompt_ids, out.response_ids], dim=1).cpu()
+        att[:, :used] = torch.cat([out.prompt_mask, out.response_mask], dim=1).cpu()
+        logprobs[:, prompt_len:used] = out.logprobs.cpu()
+        if self.episodes is not None:
             policy = torch.zeros_like(seq)
-            used = out.prompt_ids.shape[1] + out.response_ids.shape[1]
-            seq[:, :used] = torch.cat([out.prompt_ids, out.response_ids], dim=1).cpu()
-            att[:, :used] = torch.cat([out.prompt_mask, out.response_mask], dim=1).cpu()
-            policy[:, out.prompt_ids.shape[1]:used] = out.policy_mask.cpu()
+            policy[:, prompt_len:used] = out.policy_mask.cpu()
             planes.append(policy)
+        planes.append(_bits_as_long(logprobs))
         return self.groups.gather(torch.stack(planes, dim=1), "actor")
 
     def prompts(self, step: int) -> PromptBatch:
@@ -203,13 +222,14 @@ class RolloutWorker:
         packed = None
         if "actor" in self.groups.here:
             packed = self._generate_share(ids, mask, width, step, stats)
-        packed = self.groups.broadcast(packed, "actor", (len(prompt_index), 3 if multi_turn else 2, width), torch.long)
+        packed = self.groups.broadcast(packed, "actor", (len(prompt_index), 4 if multi_turn else 3, width), torch.long)
         sequences, attention = packed[:, 0], packed[:, 1]
         # Trim response columns no row used (every rank computes the same width).
         response = attention[:, prompt_len:]
         used = int(response.sum(dim=0).nonzero().max()) + 1 if response.any() else 1
         keep = prompt_len + used
         policy = packed[:, 2, :keep].contiguous() if multi_turn else None
+        logprobs = _long_as_bits(packed[:, -1, prompt_len:keep])
         rollout = Rollout(sequences[:, :keep].contiguous(), attention[:, :keep].contiguous(), prompt_len, prompt_index,
-                          policy)
+                          policy, logprobs)
         return rollout, stats

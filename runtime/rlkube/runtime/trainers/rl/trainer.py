@@ -65,6 +65,7 @@ from rlkube.runtime.trainers.rl.critic import CriticWorker
 from rlkube.runtime.trainers.rl.env_mask import loss_mask, mask_failed_rows, remote_fields
 from rlkube.runtime.trainers.rl.evaluation import GreedyEvaluator
 from rlkube.runtime.trainers.rl.groups import RoleGroups
+from rlkube.runtime.trainers.rl.mismatch import MISMATCH_GAUGES, step_fields
 from rlkube.runtime.trainers.rl.multi_turn import (
     MULTI_TURN_GAUGES,
     MultiTurnEpisodes,
@@ -81,6 +82,8 @@ ENVIRONMENT_GAUGES = {"envFailures": "env_failures", "envRetries": "env_retries"
                       "envLatencyP99": "env_latency_p99_seconds"}
 TIMINGS = ("generationTokensPerSecond", "trainingTokensPerSecond", "reshardSeconds", "scoringSeconds",
            "generationSeconds", "trainingSeconds")
+# The step record's fields that are also rank 0's /metrics gauges (docs/metrics.md)
+GAUGES = {**{k: k for k in TIMINGS}, **ENVIRONMENT_GAUGES, **MULTI_TURN_GAUGES, **MISMATCH_GAUGES}
 
 
 def load_prompts(cfg: RuntimeConfig, tokenizer: Tokenizer) -> tuple[PromptData, PromptData | None]:
@@ -113,8 +116,7 @@ def check_divisible(rows: int, ranks: dict[str, list[int]], mini_batches: int) -
 class RLTrainer(Trainer):
     """State of one PPO or GRPO run in one process (one rank)."""
 
-    REPORT = StepReport(reward_mean="rewardMean",
-                        gauges={**{k: k for k in TIMINGS}, **ENVIRONMENT_GAUGES, **MULTI_TURN_GAUGES})
+    REPORT = StepReport(reward_mean="rewardMean", gauges=GAUGES)
 
     def build(self) -> None:
         cfg, tcfg = self.config, self.config.training
@@ -355,6 +357,8 @@ class RLTrainer(Trainer):
             rec["groupsWithSignal"] = fraction_of_groups_with_signal(scores, self.group_size)
         if self.config.rollout.multi_turn:  # every rank takes part: the sums are over the actor's ranks
             rec.update(record_fields(all_reduce_sum(ctx, gen_stats.get("tools", ToolStats()).fields())))
+        if rollout.generation_logprobs is not None:  # the same on every rank: all take part (mismatch.py)
+            rec.update(step_fields(ctx, self.actor.mismatch if self.actor else None, rollout.rows))
         return rec
 
     def _loss_terms(self, trained: dict[str, PassTotals]) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """A job's environment (roles.environment) on a real cluster, with the reference image
-(images/environment): a Deployment and a headless Service owned by the job, scaled with its spec,
-removed with it, and a GRPO job that scores through it to Succeeded while one of its replicas is
+(images/environment): a Deployment, a headless Service and a NetworkPolicy owned by the job, scaled
+with its spec, removed with it, and a GRPO job that scores through it to Succeeded while one of its replicas is
 killed.
 
 The kill is a SIGKILL of a replica's container through its node's containerd (a crash, as
@@ -55,7 +55,7 @@ def ready(pod: dict) -> bool:
 def environment_objects(cluster, ns: str, name: str) -> list[str]:
     """The kinds of the job's environment objects that still exist."""
     found = []
-    for kind in ("deployment", "service"):
+    for kind in ("deployment", "service", "networkpolicy"):
         if cluster.kubectl("get", kind, f"{name}-environment", "-n", ns, "--ignore-not-found", "-o", "name").strip():
             found.append(kind)
     return found
@@ -77,10 +77,16 @@ def test_environment_is_owned_scaled_and_removed_with_its_job(deployed, environm
     try:
         deploy.wait_job(cluster, ns, name, lambda j: (j.get("status", {}).get("environment") or {})
                         .get("readyReplicas") == 2, "2 environment replicas ready", timeout=300)
-        assert environment_objects(cluster, ns, name) == ["deployment", "service"]
-        deployment = json.loads(cluster.kubectl("get", "deployment", f"{name}-environment", "-n", ns, "-o", "json"))
-        (owner,) = deployment["metadata"]["ownerReferences"]
-        assert (owner["kind"], owner["name"]) == ("RLTrainingJob", name)
+        assert environment_objects(cluster, ns, name) == ["deployment", "service", "networkpolicy"]
+        for kind in ("deployment", "networkpolicy"):
+            obj = json.loads(cluster.kubectl("get", kind, f"{name}-environment", "-n", ns, "-o", "json"))
+            (owner,) = obj["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"]) == ("RLTrainingJob", name), kind
+        # Whether the cluster's network plugin enforces it is the plugin's business; its rules are ours.
+        policy = obj["spec"]
+        assert policy["podSelector"] == {"matchLabels": {"rlkube.io/environment": name}}
+        assert policy["policyTypes"] == ["Ingress", "Egress"] and not policy.get("egress")
+        assert policy["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {"rlkube.io/job": name}}}]
 
         cluster.kubectl("patch", "rltj", name, "-n", ns, "--type", "merge",
                         "-p", json.dumps({"spec": {"roles": {"environment": {"replicas": 3}}}}))

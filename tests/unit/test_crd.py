@@ -265,3 +265,9 @@ def test_roles_immutable_but_environment_replicas(root_schema):
     assert not allowed({"actor": {"gpus": 1}, "reward": {"gpus": 0, "remote": True}})
     assert not allowed({**old, "critic": {"gpus": 1}})
     assert not evaluate(image_rule, {"self": "env:2", "oldSelf": "env:1"})
+    allow_egress = roles["properties"]["environment"]["properties"]["allowEgress"]
+    assert (allow_egress["type"], allow_egress["default"]) == ("boolean", False)
+    assert "NetworkPolicy" in allow_egress["description"]
+    (egress_rule,) = allow_egress["x-kubernetes-validations"]
+    assert not evaluate(egress_rule["rule"], {"self": True, "oldSelf": False})
+    assert egress_rule["message"].startswith("roles.environment.allowEgress is immutable")

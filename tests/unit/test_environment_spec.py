@@ -22,7 +22,7 @@ def test_a_grpo_job_scoring_through_its_environment_is_valid():
     assert errors(algorithm="grpo", roles=REMOTE_GRPO) == []
     parsed = api.parse_job(job(algorithm="grpo", roles=REMOTE_GRPO))
     environment = parsed.spec.roles.environment
-    assert (environment.replicas, environment.port) == (2, 8000)
+    assert (environment.replicas, environment.port, environment.allow_egress) == (2, 8000, False)
     assert parsed.spec.roles.reward.remote is True
     assert "environment" not in parsed.spec.device_map()  # no GPUs, not in the device map
 
@@ -48,6 +48,10 @@ def test_an_environment_beside_a_function_reward_is_valid():
      "256"),
     ({"environment": {**ENVIRONMENT, "client": {"timeoutSeconds": 0}}},
      "spec.roles.environment.client.timeoutSeconds", "> 0"),
+    ({"environment": {**ENVIRONMENT, "allowEgress": "yes"}}, "spec.roles.environment.allowEgress",
+     "must be true or false"),
+    ({"environment": {**ENVIRONMENT, "allowEgress": 1}}, "spec.roles.environment.allowEgress",
+     "must be true or false"),
 ])
 def test_mistakes_name_their_field(change, path, words):
     roles = {k: v for k, v in {**REMOTE_GRPO, **change}.items() if v is not None}

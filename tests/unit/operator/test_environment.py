@@ -1,6 +1,6 @@
-"""A job's environment (roles.environment): its Deployment and Service, owned by the job and
-restricted like the trainers; the trainers' URL of it; and the reconcile that makes, scales and
-reports it (status.environment)."""
+"""A job's environment (roles.environment): its Deployment, Service and NetworkPolicy, owned by
+the job and restricted like the trainers; the trainers' URL of it; and the reconcile that makes,
+scales and reports it (status.environment)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from test_cluster_state import FakeCluster, synced
 
 from rlkube.operator import lifecycle, render
 from rlkube.operator.api import RLTrainingJobStatus, parse_spec
-from rlkube.operator.api.observed import JobRef
+from rlkube.operator.api.observed import JobRef, JobView
 from rlkube.operator.controller.cluster_state import WatchedInventory
+from rlkube.operator.controller.environment_sync import sync_environment
 from rlkube.operator.controller.rbac import cluster_role_rules
 from rlkube.operator.controller.reconcile import Reconciler
+from rlkube.operator.lifecycle import Decision
 from rlkube.operator.render import environment
 from rlkube.runtime.contract.pod import ENV_ENVIRONMENT_URL, LABEL_ENVIRONMENT, LABEL_JOB
 
@@ -39,8 +41,8 @@ def grpo_spec(**environment_fields):
 
 
 def test_deployment_and_service_are_owned_by_the_job_and_select_the_environment_pods():
-    deployment, service = environment.render_environment(REF, grpo_spec())
-    for obj in (deployment, service):
+    deployment, service, policy = environment.render_environment(REF, grpo_spec())
+    for obj in (deployment, service, policy):
         assert obj["metadata"]["name"] == "tiny-environment" and obj["metadata"]["namespace"] == "team"
         (owner,) = obj["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("RLTrainingJob", "tiny", "u-1", True)
@@ -53,6 +55,33 @@ def test_deployment_and_service_are_owned_by_the_job_and_select_the_environment_
     assert service["spec"]["ports"] == [{"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP"}]
     assert service["spec"]["clusterIP"] == "None"  # headless: the name resolves to the ready replicas
     assert not service["spec"].get("publishNotReadyAddresses")
+
+
+def test_network_policy_lets_in_only_the_jobs_trainers_on_the_port_and_nothing_out():
+    policy = environment.render_network_policy(REF, grpo_spec())
+    deployment = environment.render_deployment(REF, grpo_spec())
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {LABEL_ENVIRONMENT: "tiny"}} == {
+        "matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    # One peer, a podSelector with no namespaceSelector: pods of the policy's own namespace only.
+    assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": {LABEL_JOB: "tiny"}}}],
+                                "ports": [{"protocol": "TCP", "port": 8100}]}]
+    assert spec["egress"] == []  # with Egress in policyTypes: every outbound connection denied
+    # The trainer pods carry the label the peer selects.
+    placement = render.Placement(pods=(render.PodPlan(0, "n1", (0,), ("actor", "reward")),),
+                                 device_map={"actor": [0], "reward": [0]}, domains={}, fallback=False, messages=())
+    trainer = next(o for o in render.render(REF, grpo_spec(), placement, 0) if o["kind"] == "Pod")
+    assert trainer["metadata"]["labels"][LABEL_JOB] == "tiny"
+
+
+def test_allow_egress_leaves_outbound_connections_alone():
+    spec = grpo_spec(allowEgress=True)
+    assert spec.roles.environment.allow_egress is True and grpo_spec().roles.environment.allow_egress is False
+    policy = environment.render_network_policy(REF, spec)["spec"]
+    assert policy["policyTypes"] == ["Ingress"] and "egress" not in policy
+    assert policy["ingress"] == environment.render_network_policy(REF, grpo_spec())["spec"]["ingress"]
 
 
 def test_environment_pods_run_restricted_with_a_read_only_root():
@@ -96,6 +125,7 @@ def test_the_operator_may_make_and_scale_deployments():
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in cluster_role_rules(True)}
     assert rules[("apps", "deployments")] == {"get", "create", "patch"}
     assert "create" in rules[("", "services")]
+    assert rules[("networking.k8s.io", "networkpolicies")] == {"get", "create"}  # GC deletes them with the job
 
 
 def merge(target: dict, patch: dict) -> None:
@@ -109,23 +139,27 @@ def merge(target: dict, patch: dict) -> None:
 
 
 class EnvironmentCluster(FakeCluster):
-    """FakeCluster with Deployments and Services: created, read, scaled."""
+    """FakeCluster with Deployments, Services and NetworkPolicies: created, read, scaled."""
 
     def __init__(self, jobs):
         super().__init__(jobs)
         self.objects: dict[tuple[str, str], dict] = {}
         self.scaled: list[int] = []
+        self.created: list[tuple[str, str]] = []
+        self.gets: list[str] = []
 
     def create(self, obj):
-        if obj["kind"] in ("Deployment", "Service"):
+        if obj["kind"] in ("Deployment", "Service", "NetworkPolicy"):
             key = (obj["kind"], obj["metadata"]["name"])
             if key in self.objects:
                 return False
             self.objects[key] = copy.deepcopy(obj)
+            self.created.append(key)
             return True
         return super().create(obj)
 
     def get(self, kind, namespace, name):
+        self.gets.append(kind)
         return copy.deepcopy(self.objects.get((kind, name)))
 
     def patch_job_status(self, namespace, name, resource_version, patch):
@@ -148,7 +182,8 @@ def test_reconcile_makes_the_environment_scales_it_with_the_spec_and_reports_it(
     reconciler = Reconciler(api, lifecycle.Settings(host_path_shared=True), progress=lambda ip, port: None,
                             inventory=inventory)
     reconciler.reconcile("team", "j1")
-    assert {("Deployment", "j1-environment"), ("Service", "j1-environment")} <= set(api.objects)
+    assert {("Deployment", "j1-environment"), ("Service", "j1-environment"),
+            ("NetworkPolicy", "j1-environment")} <= set(api.objects)
     assert api.jobs["j1"]["status"]["environment"]["readyReplicas"] == 0
     api.objects[("Deployment", "j1-environment")]["status"] = {"readyReplicas": 2}
     reconciler.reconcile("team", "j1")
@@ -161,3 +196,50 @@ def test_reconcile_makes_the_environment_scales_it_with_the_spec_and_reports_it(
     assert api.scaled == [5] and api.jobs["j1"]["status"]["environment"]["replicas"] == 5
     reconciler.reconcile("team", "j1")
     assert api.scaled == [5]  # nothing to do once it matches
+
+
+def environment_reconciler(api):
+    inventory = synced(WatchedInventory(api))
+    inventory.nodes.replace([node("n1", 8)])
+    inventory.pods.replace([])
+    return Reconciler(api, lifecycle.Settings(host_path_shared=True), progress=lambda ip, port: None,
+                      inventory=inventory)
+
+
+def test_an_environment_made_without_a_network_policy_gets_one_and_nothing_else():
+    """A job whose environment an older operator made (Deployment and Service, no policy): the
+    next reconcile makes the policy alone."""
+    api = EnvironmentCluster([grpo_job("j1")])
+    reconciler = environment_reconciler(api)
+    reconciler.reconcile("team", "j1")
+    made = {key for key in api.created if key[1] == "j1-environment"}
+    assert made == {("Deployment", "j1-environment"), ("Service", "j1-environment"),
+                    ("NetworkPolicy", "j1-environment")}
+    del api.objects[("NetworkPolicy", "j1-environment")]
+    api.created.clear()
+    reconciler.reconcile("team", "j1")
+    assert api.created == [("NetworkPolicy", "j1-environment")]
+    policy = api.objects[("NetworkPolicy", "j1-environment")]
+    assert policy == environment.render_network_policy(JobRef("j1", "team", "uid-j1"), grpo_spec())
+    api.created.clear()
+    api.gets.clear()
+    reconciler.reconcile("team", "j1")
+    assert api.created == [] and api.gets.count("NetworkPolicy") == 1  # it exists: read, not made again
+
+
+def test_a_finished_job_does_not_read_its_environments_policy():
+    """Once the job finished its environment is scaled to 0: one GET (the Deployment's), and no
+    policy made for pods that are gone."""
+    obj = grpo_job("j1")
+    api = EnvironmentCluster([obj])
+    job_view = JobView.from_object(obj)
+    for made in environment.render_environment(job_view.ref, job_view.spec)[:2]:  # an older operator's
+        api.create(made)
+    api.gets.clear()
+    api.created.clear()
+    decision = sync_environment(api, job_view, Decision(status={"phase": "Succeeded"}), api.create)
+    assert api.gets == ["Deployment"] and api.created == [] and api.scaled == [0]
+    assert decision.status["environment"]["replicas"] == 0
+    sync_environment(api, job_view, Decision(status={"phase": "Running"}), api.create)
+    assert api.gets == ["Deployment", "Deployment", "NetworkPolicy"]
+    assert api.created == [("NetworkPolicy", "j1-environment")]

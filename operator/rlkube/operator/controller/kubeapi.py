@@ -71,12 +71,15 @@ PATHS = {
     "ConfigMap": "configmaps",
     "Event": "events",
     "Deployment": "deployments",
+    "NetworkPolicy": "networkpolicies",
 }
+# The group/version of those kinds that are not core/v1.
+GROUP_VERSIONS = {"Deployment": "apps/v1", "NetworkPolicy": "networking.k8s.io/v1"}
 
 
 def collection(kind: str, namespace: str) -> str:
-    """The API path of a namespaced kind's collection (Deployments are apps/v1, the rest core)."""
-    prefix = "/apis/apps/v1" if kind == "Deployment" else "/api/v1"
+    """The API path of a namespaced kind's collection."""
+    prefix = f"/apis/{GROUP_VERSIONS[kind]}" if kind in GROUP_VERSIONS else "/api/v1"
     return f"{prefix}/namespaces/{quote(namespace)}/{PATHS[kind]}"
 
 
@@ -236,7 +239,7 @@ class KubeAPI:
 
 
     def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create a namespaced core object (or a Deployment); False when one of that name exists already."""
+        """Create a namespaced object of a kind in `PATHS`; False when one of that name exists already."""
         namespace = obj["metadata"]["namespace"]
         path = collection(obj["kind"], namespace)
         try:

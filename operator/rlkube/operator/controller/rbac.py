@@ -74,6 +74,13 @@ RULES: tuple[Rule, ...] = (
         "patch": "scaling the environment when roles.environment.replicas changes, and to 0 once the job "
         "finished",
     }),
+    Rule("networking.k8s.io", "networkpolicies", "watched", {
+        "get": "a job's environment whose Deployment exists: whether its NetworkPolicy does too (an "
+        "environment made by an older operator gets one)",
+        "create": "the NetworkPolicy around a job's environment pods: in only from the job's trainers, "
+        "nothing out unless roles.environment.allowEgress (owned by the job, removed with it by "
+        "ownerReference GC)",
+    }),
     Rule("", "configmaps", "watched", {
         "get": "when the ConfigMap (or checkpoint record) exists already, comparing its data with the new one",
         "create": "the ConfigMap holding run.yaml (RuntimeConfig with the device map), and the job's "

@@ -1,11 +1,11 @@
 """The environment of a job (`roles.environment`) as Kubernetes objects, and its status. Pure.
 
 An environment is stateless CPU work behind one URL, so it is a Deployment and a headless
-Service, `<job>-environment` both, owned by the job (garbage collection deletes them with it),
-not pods of the gang: it is not gang-scheduled, not restarted with the trainers, and scaling it
-(`replicas`, the one field of roles that may change on a running job) is the Deployment's own
-rolling work. Its pods carry the label rlkube.io/environment=<job>, not rlkube.io/job, so the
-operator never counts them as trainer pods.
+Service, with a NetworkPolicy around its pods, `<job>-environment` all three, owned by the job
+(garbage collection deletes them with it), not pods of the gang: it is not gang-scheduled, not
+restarted with the trainers, and scaling it (`replicas`, the one field of roles that may change
+on a running job) is the Deployment's own rolling work. Its pods carry the label
+rlkube.io/environment=<job>, not rlkube.io/job, so the operator never counts them as trainer pods.
 
 Security is the trainers' restricted profile (non-root 1000, seccomp RuntimeDefault, all
 capabilities dropped, no privilege escalation) plus a read-only root filesystem, with an
@@ -21,7 +21,7 @@ from typing import Any
 from rlkube.operator.api import RLTrainingJobSpec
 from rlkube.operator.api.observed import JobRef
 from rlkube.runtime.contract.environment_protocol import HEALTH_PATH
-from rlkube.runtime.contract.pod import LABEL_ENVIRONMENT
+from rlkube.runtime.contract.pod import LABEL_ENVIRONMENT, LABEL_JOB
 from rlkube.runtime.contract.sections import EnvironmentSpec
 
 ENVIRONMENT_CONTAINER = "environment"
@@ -152,11 +152,36 @@ def render_environment_service(job: JobRef, spec: RLTrainingJobSpec) -> dict:
     }
 
 
+def render_network_policy(job: JobRef, spec: RLTrainingJobSpec) -> dict:
+    """The NetworkPolicy around the environment's pods: connections in only from the job's own
+    trainer pods (label rlkube.io/job, same namespace) on the environment's port, and none out
+    unless `allowEgress` (an Egress policy type with no egress rule denies every outbound
+    connection, DNS included: the environment is called, it calls no one). The cluster's network
+    plugin enforces it where it enforces NetworkPolicies at all; the sandbox's in-process block
+    on the network stays either way."""
+    environment = spec.roles.environment
+    assert environment is not None, "render_network_policy needs roles.environment"
+    trainers = {"podSelector": {"matchLabels": {LABEL_JOB: job.name}}}
+    policy: dict[str, Any] = {
+        "podSelector": {"matchLabels": _selector(job)},
+        "policyTypes": ["Ingress"] if environment.allow_egress else ["Ingress", "Egress"],
+        "ingress": [{"from": [trainers], "ports": [{"protocol": "TCP", "port": environment.port}]}],
+    }
+    if not environment.allow_egress:
+        policy["egress"] = []
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, _labels(job)),
+        "spec": policy,
+    }
+
+
 def render_environment(job: JobRef, spec: RLTrainingJobSpec) -> list[dict]:
-    """[Deployment, Service] of the job's environment; [] without one."""
+    """[Deployment, Service, NetworkPolicy] of the job's environment; [] without one."""
     if spec.roles.environment is None:
         return []
-    return [render_deployment(job, spec), render_environment_service(job, spec)]
+    return [render_deployment(job, spec), render_environment_service(job, spec), render_network_policy(job, spec)]
 
 
 def wanted_replicas(spec: RLTrainingJobSpec, phase: str | None) -> int:

@@ -113,6 +113,13 @@ class EnvironmentSpec(Spec):
         description="How the trainers call the environment: calls in flight, completions per call, timeout and "
         "retries. Immutable (read when the trainers start).",
     )
+    allow_egress: bool = Field(
+        default=False,
+        description="The environment's pods may open connections out, e.g. a tool that calls a web API. Off, a "
+        "NetworkPolicy denies them every outbound connection where the cluster's network plugin enforces "
+        "NetworkPolicies (Calico, Cilium, ...); either way they accept connections only from the job's trainer "
+        "pods, and the sandbox keeps its own in-process block on the network. Immutable.",
+    )
 
 
 def _remote(spec: Any) -> bool:
@@ -140,4 +147,4 @@ ENVIRONMENT_RULES: tuple[Rule, ...] = (
 
 # On the CRD's roles object: the GPU roles are immutable, the environment may only change its
 # replicas (each of its other fields carries its own immutability rule in the CRD, `crd_rules`).
-ENVIRONMENT_FIELDS_IMMUTABLE = ("image", "command", "args", "port", "env", "resources", "client")
+ENVIRONMENT_FIELDS_IMMUTABLE = ("image", "command", "args", "port", "env", "resources", "client", "allowEgress")

@@ -128,7 +128,8 @@ def test_dashboard_has_the_panels_the_platform_team_asked_for():
                  "rlkube_checkpoint_last_stall_seconds", "rlkube_operator_job_restarts_total",
                  "rlkube_operator_admission_wait_seconds_bucket", "rlkube_env_calls_per_second",
                  "rlkube_env_latency_p50_seconds", "rlkube_env_latency_p99_seconds", "rlkube_env_failures",
-                 "rlkube_env_retries", "rlkube_tool_calls", "rlkube_tool_call_failures", "rlkube_turns_per_episode"):
+                 "rlkube_env_retries", "rlkube_tool_calls", "rlkube_tool_call_failures", "rlkube_turns_per_episode",
+                 "rlkube_rollout_logprob_abs_diff", "rlkube_rollout_logprob_k3"):
         assert re.search(rf"\b{name}\b", exprs), f"no panel shows {name}"
     assert 'by (rltj, role)' in exprs  # GPU busy per role, not only per job
     ids = [p["id"] for p in panels(dashboard)]

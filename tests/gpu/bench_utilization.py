@@ -212,7 +212,7 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             env.update(PYTHONPATH=f"{hooks}{os.pathsep}{env['PYTHONPATH']}", BENCH_EOS_ID=str(BYTE_EOS),
                        BENCH_EOS_VOCAB=str(SHAPES[args.shape]["vocab_size"]), BENCH_EOS_MEDIAN=str(args.eos_median))
         if args.remote_env and case != "dpo":
-            environment = start_environment(args.reward_ms / 1000.0, args.remote_env)
+            environment = LocalEnvironment(args.reward_ms / 1000.0, args.remote_env)  # the trainer waits for /healthz
             env[ENV_ENVIRONMENT_URL] = environment.url
         elif args.reward_ms and case != "dpo":  # tests/gpu/slow_reward.py, importable by the CLI
             here = os.path.dirname(os.path.abspath(__file__))
@@ -281,9 +281,6 @@ class LocalEnvironment:
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
-
-def start_environment(delay: float, slots: int) -> LocalEnvironment:
-    return LocalEnvironment(delay, slots)  # the trainer's first step waits for /healthz
 
 
 def run_cli(cfg_path: Path, env: dict, args, gpu_sampler_gpu: str | None, log_name: str):

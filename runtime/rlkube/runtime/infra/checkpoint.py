@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -60,6 +59,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlkube.runtime.infra.checkpoint_layout import META, STEP_DIR
 from rlkube.runtime.infra.compile_artifacts import write_attachments
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
@@ -83,9 +83,7 @@ warnings.filterwarnings(
             r"(save|load) in a single process",
 )
 
-META = "rlkube-checkpoint.json"
 FENCE = "rlkube-fence.json"
-STEP_DIR = re.compile(r"^step-(\d{9})$")
 # Files each rank writes in parallel. DCP's writer does Python work per tensor, and a background
 # writer thread gets the GIL only between the step loop's own Python: on an H200 a 1.5B model's
 # 9 GiB took 24-27 s to write next to a DPO run against 8 s alone with one thread (4 s with 8).

@@ -15,18 +15,17 @@ build needs. RLKUBE_READAHEAD=0 turns it off. Pure standard library (it runs bef
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlkube.runtime.infra.checkpoint_layout import META, STEP_DIR
+
 ENV_READAHEAD = "RLKUBE_READAHEAD"
 CHUNK_BYTES = 8 << 20
 MAX_SHARE_OF_AVAILABLE = 0.5
-_STEP_DIR = re.compile(r"^step-\d{9}$")  # infra/checkpoint.py's STEP_DIR (that module imports torch)
-_CHECKPOINT_META = "rlkube-checkpoint.json"
 
 
 @dataclass
@@ -53,7 +52,7 @@ def weight_files(model_paths: Iterable[str | None], checkpoint_dir: str | None) 
             files += sorted(Path(path).glob("*.safetensors"))
     if checkpoint_dir and Path(checkpoint_dir).is_dir():
         steps = sorted(p for p in Path(checkpoint_dir).iterdir()
-                       if _STEP_DIR.match(p.name) and (p / _CHECKPOINT_META).is_file())
+                       if STEP_DIR.match(p.name) and (p / META).is_file())
         if steps:
             files += sorted(p for p in steps[-1].rglob("*") if p.is_file())
     unique: dict[Path, None] = dict.fromkeys(f.resolve() for f in files)

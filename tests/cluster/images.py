@@ -188,6 +188,32 @@ def _build_pause(context: Path) -> None:
                    cwd=IMAGES / "pause", check=True, env=env)  # fmt: skip
 
 
+# Free disk a build needs, in GiB: the image in buildah's storage, its archive in the temporary
+# folder, and the node imports after it. runtime-cpu carries torch's CUDA libraries (~5 GB).
+BUILD_FREE_GIB = {"runtime-cpu": 16, "operator": 3}
+
+
+def disk_report() -> str:
+    """Free space where a build writes: the cache and the temporary folder."""
+    lines = []
+    for where in sorted({str(CACHE), tempfile.gettempdir()}):
+        free = shutil.disk_usage(where).free / 2**30 if Path(where).exists() else float("nan")
+        lines.append(f"  {where}: {free:.1f} GiB free")
+    return "free disk:\n" + "\n".join(lines)
+
+
+def require_free_disk(gib: float) -> None:
+    """Refuse to start a build that would run the disk full half-way (and leave nodes tainted)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    short = [w for w in {str(CACHE), tempfile.gettempdir()} if shutil.disk_usage(w).free < gib * 2**30]
+    if short:
+        raise RuntimeError(
+            f"building needs {gib} GiB free in {', '.join(sorted(short))}; {disk_report()}\n"
+            f"  free some (old clones or scratch folders under {tempfile.gettempdir()}, "
+            f"`buildah {' '.join(storage_args())} rmi --prune`) and run again"
+        )
+
+
 def build(name: str, build_args: dict[str, str] | None = None) -> ImageArchive:
     """Build `images/<name>` (unless its archive for the same inputs is cached).
 
@@ -218,6 +244,7 @@ def _build_locked(name: str, build_args: dict[str, str] | None) -> ImageArchive:
     if archive.exists():
         return ImageArchive(ref, archive, digest)
     archive.parent.mkdir(parents=True, exist_ok=True)
+    require_free_disk(BUILD_FREE_GIB.get(name, 2))
     with tempfile.TemporaryDirectory(prefix=f"rlkube-image-{name}-") as tmp:
         context = REPO
         if name == "pause":
@@ -234,11 +261,17 @@ def _build_locked(name: str, build_args: dict[str, str] | None) -> ImageArchive:
         if proc.returncode != 0:
             raise RuntimeError(f"buildah bud images/{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         tmp_archive = Path(tmp) / "image.tar"
-        subprocess.run(["buildah", *storage_args(), "push", "--quiet", ref, f"docker-archive:{tmp_archive}:{ref}"],
-                       check=True, capture_output=True)  # fmt: skip
+        proc = subprocess.run(["buildah", *storage_args(), "push", "--quiet", ref, f"docker-archive:{tmp_archive}:{ref}"],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"buildah push {ref} to {tmp_archive} failed:\n{proc.stderr[-3000:]}\n{disk_report()}")
         if storage_driver() == "vfs":
             # The archive holds the image now; its vfs copy in buildah's storage is only disk.
             subprocess.run(["buildah", *storage_args(), "rmi", ref], capture_output=True)
+        else:
+            # The tag moved to the new image; the one it left is untagged and only disk (5 GB for
+            # runtime-cpu). Layers the new image shares, the cached dependency step, stay.
+            subprocess.run(["buildah", *storage_args(), "rmi", "--prune"], capture_output=True)
         for old in archive.parent.glob(f"{name}-*.tar"):
             if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}\.tar", old.name):
                 old.unlink()  # one cached archive per image: the newest inputs

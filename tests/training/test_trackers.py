@@ -2,19 +2,24 @@
 at once, and each tracker's files are read back with that library's own reader (TensorBoard's
 EventAccumulator, MLflow's client, `wandb leet inspect`): the loss at every step, the config, the
 run's summary. The same run's termination message carries the summary the operator copies into
-status.summary."""
+status.summary.
+
+The run is `python -m rlkube.runtime run`, in a session of its own: the entry point leaves with
+os._exit once the run returns (infra/process_exit.py), so these files being whole shows that
+nothing a tracker writes is left to the interpreter's teardown, and no process of the run (W&B's
+service, torch's workers) is left behind after it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from .conftest import tiny_config
+from .conftest import ROOT, records, runtime_env, tiny_config, write_config
 
 STEPS = 3
 TRACKER_ENV = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "MLFLOW_TRACKING_URI",
@@ -23,22 +28,41 @@ TRACKER_ENV = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "MLF
 
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
-    """One run of STEPS steps reporting to every tracker: its out dir, losses, stdout and termination message."""
-    from rlkube.runtime.contract.config import RuntimeConfig
-    from rlkube.runtime.trainers.dpo import train
-
-    torch.set_num_threads(1)
+    """One CLI run of STEPS steps reporting to every tracker: its out dir, losses, stdout and termination message."""
     tmp = tmp_path_factory.mktemp("tracked")
     cfg = tiny_config(tmp, training={"steps": STEPS, "reportTo": ["tensorboard", "mlflow", "wandb"]},
                       checkpoint={"dir": str(tmp / "ckpt"), "everySteps": STEPS, "keep": 1})
-    with pytest.MonkeyPatch.context() as mp:
-        for name in TRACKER_ENV:  # offline, into outputDir: whatever the machine running the tests has set
-            mp.delenv(name, raising=False)
-        mp.setenv("RLKUBE_TERMINATION_LOG", str(tmp / "termination"))
-        result = train(RuntimeConfig.model_validate(cfg))
-    assert result.steps_run == STEPS
-    return {"out": Path(cfg["outputDir"]), "losses": result.losses, "tmp": tmp,
+    env = {k: v for k, v in runtime_env(RLKUBE_TERMINATION_LOG=str(tmp / "termination")).items()
+           if k not in TRACKER_ENV}  # offline, into outputDir: whatever the machine running the tests has set
+    proc = subprocess.Popen([sys.executable, "-m", "rlkube.runtime", "run", str(write_config(tmp, cfg))],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    left = processes_of_session(proc.pid)
+    assert not left, f"processes of the run still running after it exited: {left}"
+    losses = [r["loss"] for r in records(stdout) if r.get("event") == "step"]
+    assert len(losses) == STEPS and records(stdout)[-1]["event"] == "summary"
+    return {"out": Path(cfg["outputDir"]), "losses": losses, "tmp": tmp,
             "termination": json.loads((tmp / "termination").read_text())["progress"]}
+
+
+def processes_of_session(sid: int, wait_s: float = 15.0) -> list[str]:
+    """Command lines of the processes still in session `sid`, after they had `wait_s` to leave
+    (a child notices its parent's exit when its pipe closes)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid and fields[0] != "Z":
+                    left.append((stat.parent / "cmdline").read_text().replace("\0", " ").strip())
+            except (OSError, IndexError, ValueError):  # gone while we looked
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def test_tensorboard_has_the_loss_at_every_step_the_config_and_the_summary(tracked_run):

@@ -3,6 +3,7 @@
 # of <= 10 minutes on an H200. Each command is bounded by `timeout`; JSON and logs go to OUT.
 #
 #   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml
+#                                                  plan-3b plan-7b-lora plan-before tail-restart env-pair
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # dpo-pair  util-dpo, then bench_dpo.py on the same config (long-tailed, 32 pairs, 32k-token budget) in the
@@ -16,6 +17,14 @@
 # profile-rl  profile_step.py for GRPO and PPO only (~4 min)
 # dpo-trl   DPO against TRL tuned (checkpointing off) on fixed lengths: the last 3% to 1.3x (~4 min)
 # nvml      what NVML counts as busy: workloads of known busy fraction against nvidia-smi (~1 min)
+# plan-3b   the memory plan's GRPO Qwen2.5-3B case on an 80 GB card (busy >= 0.90, no OOM) (~4 min)
+# plan-7b-lora  GRPO with LoRA on the Qwen2.5-7B shape, 10 steps on one 80 GB card (~5 min)
+# plan-before  DPO Qwen2.5-1.5B under the plan, then the runtime before the plan (BEFORE_RUNTIME: another
+#           checkout's runtime/ folder, 7492f9c) on the same card (~4 min)
+# tail-restart  GRPO, 60 steps, a checkpoint every 20, the page cache emptied first (root), then a restart
+#           of 5 steps from the checkpoint and its compile cache: cold start, tail, exit, busy to exit (~7 min)
+# env-pair  GRPO with a 100 ms verifier in process, then the same verifier as the reference environment on
+#           loopback with 16 slots: the step's busy fraction both ways (~5 min)
 #
 # The GPU machine has torch and transformers but not the rest: download the wheels here into .whl/
 # (kept out of git; carried to the machine with the working tree), for its Python 3.12:
@@ -76,8 +85,28 @@ for group in "$@"; do
             --json-out "$out/dpo-trl.json" ;;
     nvml)
         run nvml 120 python3 tests/gpu/probe_nvml.py --json-out "$out/nvml.json" ;;
+    plan-3b)
+        run plan-3b 420 python3 tests/gpu/bench_memory_plan.py --as-card-gib 79.65 --cases grpo-qwen3b \
+            --json-out "$out/plan-3b.json" ;;
+    plan-7b-lora)
+        run plan-7b-lora 560 python3 tests/gpu/bench_memory_plan.py --as-card-gib 79.65 --cases grpo-qwen7b-lora \
+            --case-timeout 540 --json-out "$out/plan-7b-lora.json" ;;
+    plan-before)
+        run plan-dpo-qwen 200 python3 tests/gpu/bench_memory_plan.py --as-card-gib 79.65 --cases dpo-qwen1.5b \
+            --json-out "$out/plan-dpo-qwen.json"
+        run plan-dpo-qwen-before 200 python3 tests/gpu/bench_memory_plan.py --as-card-gib 79.65 --cases dpo-qwen1.5b \
+            --steps 12 --runtime "${BEFORE_RUNTIME:?BEFORE_RUNTIME: a checkout of the runtime before the plan}" \
+            --json-out "$out/plan-dpo-qwen-before.json" ;;
+    tail-restart)
+        run tail-restart 560 python3 tests/gpu/bench_utilization.py --cases grpo --steps 60 --every 20 --restart 5 \
+            --cold --json-out "$out/tail-restart.json" ;;
+    env-pair)
+        run env-in-process 270 python3 tests/gpu/bench_utilization.py --cases grpo --steps 6 --every 100 \
+            --reward-ms 100 --json-out "$out/env-in-process.json"
+        run env-remote 270 python3 tests/gpu/bench_utilization.py --cases grpo --steps 6 --every 100 \
+            --reward-ms 100 --remote-env 16 --json-out "$out/env-remote.json" ;;
     *)
-        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml)" >&2
+        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml plan-3b plan-7b-lora plan-before tail-restart env-pair)" >&2
         exit 2 ;;
     esac
 done

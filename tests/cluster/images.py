@@ -193,22 +193,22 @@ def _build_pause(context: Path) -> None:
 BUILD_FREE_GIB = {"runtime-cpu": 16, "operator": 3}
 
 
+def free_bytes() -> dict[str, int]:
+    """Free bytes where a build writes: the cache and the temporary folder."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return {where: shutil.disk_usage(where).free for where in sorted({str(CACHE), tempfile.gettempdir()})}
+
+
 def disk_report() -> str:
-    """Free space where a build writes: the cache and the temporary folder."""
-    lines = []
-    for where in sorted({str(CACHE), tempfile.gettempdir()}):
-        free = shutil.disk_usage(where).free / 2**30 if Path(where).exists() else float("nan")
-        lines.append(f"  {where}: {free:.1f} GiB free")
-    return "free disk:\n" + "\n".join(lines)
+    return "free disk:\n" + "\n".join(f"  {where}: {free / 2**30:.1f} GiB free" for where, free in free_bytes().items())
 
 
 def require_free_disk(gib: float) -> None:
     """Refuse to start a build that would run the disk full half-way (and leave nodes tainted)."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    short = [w for w in {str(CACHE), tempfile.gettempdir()} if shutil.disk_usage(w).free < gib * 2**30]
+    short = [where for where, free in free_bytes().items() if free < gib * 2**30]
     if short:
         raise RuntimeError(
-            f"building needs {gib} GiB free in {', '.join(sorted(short))}; {disk_report()}\n"
+            f"building needs {gib} GiB free in {', '.join(short)}; {disk_report()}\n"
             f"  free some (old clones or scratch folders under {tempfile.gettempdir()}, "
             f"`buildah {' '.join(storage_args())} rmi --prune`) and run again"
         )

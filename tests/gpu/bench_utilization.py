@@ -282,7 +282,6 @@ class LocalEnvironment:
         self.proc.wait(timeout=10)
 
 
-
 def run_cli(cfg_path: Path, env: dict, args, gpu_sampler_gpu: str | None, log_name: str):
     """One `python -m rlkube.runtime run CONFIG` with nvidia-smi sampling beside it."""
     sampler = Sampler(gpu_sampler_gpu) if gpu_sampler_gpu is not None else None

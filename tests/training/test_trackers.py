@@ -41,8 +41,9 @@ def tracked_run(tmp_path_factory):
     assert proc.returncode == 0, stderr[-3000:]
     left = processes_of_session(proc.pid)
     assert not left, f"processes of the run still running after it exited: {left}"
-    losses = [r["loss"] for r in records(stdout) if r.get("event") == "step"]
-    assert len(losses) == STEPS and records(stdout)[-1]["event"] == "summary"
+    recs = records(stdout)
+    losses = [r["loss"] for r in recs if r.get("event") == "step"]
+    assert len(losses) == STEPS and recs[-1]["event"] == "summary"
     return {"out": Path(cfg["outputDir"]), "losses": losses, "tmp": tmp,
             "termination": json.loads((tmp / "termination").read_text())["progress"]}
 

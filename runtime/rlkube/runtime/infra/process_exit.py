@@ -7,12 +7,14 @@ is only undoing: joining the threads that are left (the health server, prefetche
 libraries' atexit handlers (torch.compile's worker pool shuts its processes down one by one),
 collecting every module's objects (the models, the optimizer state, the pinned host copies of a
 checkpoint, each freed through CUDA) and unloading the libraries. On a 2-core CPU with a
-2-layer model that took 2-3 s after the last step's checkpoint (tests/gpu/bench_utilization.py
---cpu --tiny); on a GPU it is seconds more, a pod's GPU held idle the whole time.
+2-layer model the last step to exit took 1.5-2.8 s with that teardown and 0.16-0.22 s without
+(tests/gpu/bench_utilization.py --cpu --tiny); the H100 runs exited 4-6 s after their tail, a
+pod's GPU held idle the whole time.
 
 So `python -m rlkube.runtime` flushes stdout, stderr and the logging handlers and ends with
-os._exit. The kernel frees the memory and closes the files, as it does for any exit, and the
-compile workers leave when their pipe to this process closes. Only the entry point does this
+os._exit. The kernel frees the memory and closes the files, as it does for any exit, and
+torch.compile's worker processes leave by themselves once their parent is gone (they watch its
+pid). Only the entry point does this
 (a caller of `cli.main` gets its return value), and `RLKUBE_FAST_EXIT=0` turns it off, for a
 profiler or a leak checker that reports at exit.
 """

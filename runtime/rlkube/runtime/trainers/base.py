@@ -306,7 +306,8 @@ class Trainer:
     def first_step_done(self, rec: StepRecord) -> None:
         """This run's first step `rec` is over: the start-up split completed into its record (its
         compile seconds by torch's timers, its decode graph capture from the step's own field),
-        the compile cache's hits and misses, the checkpoint's host buffers started."""
+        the compile cache's hits and misses (and where the bytecode is cached: bytecode.py), the
+        checkpoint's host buffers started."""
         self.startup.mark("firstStep")
         self.startup.add("compile", compile_seconds() - self.compiled_before_first_step)
         self.startup.add("decodeCapture", float(rec.fields.get("decodeCaptureSeconds") or 0.0))
@@ -314,6 +315,8 @@ class Trainer:
         rec.compile_cache = compile_cache_counts()
         if rec.compile_cache is not None and self.compile_artifacts is not None:
             rec.compile_cache["loaded"] = self.compile_artifacts["path"]
+        if rec.compile_cache is not None and sys.pycache_prefix:  # infra/bytecode.py
+            rec.compile_cache["bytecode"] = sys.pycache_prefix
         self.checkpointer.prepare(self.trainable, self.optimizers)  # the optimizer has its state now
 
     def load_compile_artifacts(self) -> dict | None:

@@ -72,6 +72,7 @@ def test_a_restart_with_an_empty_cache_directory_loads_the_graphs_its_checkpoint
     assert cold["compileCache"]["misses"] > 0 and "loaded" not in cold["compileCache"]
     split = cold["startupSeconds"]
     assert 0 < split["compile"] <= split["firstStep"]  # measured by torch's timers, inside the first step
+    assert "restore" not in split  # nothing to resume from
     artifacts = tmp_path / "ckpt" / "step-000000001" / artifact_name(0)
     assert artifacts.stat().st_size > 0
     (save,) = [r for r in recs if r.get("event") == "checkpointSave"]
@@ -85,5 +86,7 @@ def test_a_restart_with_an_empty_cache_directory_loads_the_graphs_its_checkpoint
     assert warm["step"] == 2
     assert warm["compileCache"]["hits"] > 0 and warm["compileCache"]["misses"] == 0, warm["compileCache"]
     assert warm["compileCache"]["loaded"] == str(artifacts)
+    # the checkpoint and its artifacts, read inside the build
+    assert 0 < warm["startupSeconds"]["restore"] <= warm["startupSeconds"]["modelLoad"]
     # the new checkpoint carries them on (what was loaded counts as this attempt's work)
     assert (tmp_path / "ckpt" / "step-000000002" / artifact_name(0)).stat().st_size > 0

@@ -43,6 +43,9 @@ def test_startup_split_cuts_the_data_wait_out_of_the_build_and_names_the_first_s
     # before the first step: no first-step parts, and the total runs to the build's end
     assert startup_split(10.0, {"import": 12.0, "modelLoad": 20.0}, {"dataLoad": 3.0, "compile": 4.0}) == {
         "import": 2.0, "dataLoad": 3.0, "modelLoad": 8.0, "total": 10.0}
+    # a resumed run's restore: a share of modelLoad, as reported
+    assert startup_split(10.0, {"import": 12.0, "modelLoad": 20.0}, {"restore": 3.5}) == {
+        "import": 2.0, "modelLoad": 8.0, "restore": 3.5, "total": 10.0}
     # a part never exceeds the stage it is inside; nothing compiled: no compile key
     assert startup_split(0.0, {"import": 1.0, "modelLoad": 2.0, "firstStep": 3.0}, {"dataWait": 5.0})[
         "modelLoad"] == 0.0
@@ -119,10 +122,11 @@ def test_the_split_reaches_status_progress_with_only_known_non_negative_seconds(
 
     from rlkube.operator.render.status import progress_status
 
-    report = {"step": 1, "startupSeconds": {"import": 2.0, "dataLoad": 0.1234567, "dataWait": 0.05, "firstStep": 9.0,
-                                            "compile": -1.0, "bogus": 3.0, "total": float("nan")}}
+    report = {"step": 1, "startupSeconds": {"import": 2.0, "dataLoad": 0.1234567, "dataWait": 0.05, "restore": 1.5,
+                                            "firstStep": 9.0, "compile": -1.0, "bogus": 3.0, "total": float("nan")}}
     out = progress_status(report, dt.datetime(2026, 12, 6, tzinfo=dt.UTC))
-    assert out["startupSeconds"] == {"import": 2.0, "dataLoad": 0.123, "dataWait": 0.05, "firstStep": 9.0}
+    assert out["startupSeconds"] == {"import": 2.0, "dataLoad": 0.123, "dataWait": 0.05, "restore": 1.5,
+                                     "firstStep": 9.0}
     assert "startupSeconds" not in progress_status({"step": 1, "startupSeconds": "x"}, dt.datetime.now(dt.UTC))
 
 

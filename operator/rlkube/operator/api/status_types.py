@@ -119,6 +119,11 @@ class StartupStatus(Status):
         default=None, ge=0,
         description="The rest of the build: models, optimizers, memory plan, checkpoint restore (less dataWait).",
     )
+    restore: float | None = Field(
+        default=None, ge=0,
+        description="Of modelLoad, a resumed run only: reading the checkpoint into the models and optimizers, and "
+        "torch.compile's artifacts saved with it.",
+    )
     first_step: float | None = Field(default=None, ge=0, description="The first step, compile and capture included.")
     compile: float | None = Field(
         default=None, ge=0, description="Of the first step: torch.compile's compile time, by torch's own timers."

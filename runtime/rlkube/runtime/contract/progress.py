@@ -28,10 +28,10 @@ REWARD_MEAN = "rewardMean"             # mean rollout reward (DPO: chosen implic
 ATTEMPT = "attempt"                    # gang restart attempt, from the pod's env (pod.ENV_ATTEMPT)
 GPU_BUSY_PHASES = "gpuBusyPhases"      # {phase: GPU busy ratio 0..1 within it, mean over ranks}, last step
 PHASE_SECONDS = "phaseSeconds"         # {phase: seconds rank 0 spent in it}, last step
-STARTUP_SECONDS = "startupSeconds"     # {import, dataLoad, dataWait, modelLoad, firstStep, compile, decodeCapture, total}
+STARTUP_SECONDS = "startupSeconds"     # {import, dataLoad, dataWait, modelLoad, restore, firstStep, compile, decodeCapture, total}
 # The keys of STARTUP_SECONDS (infra/startup.startup_split), seconds each.
-STARTUP_PARTS: tuple[str, ...] = ("import", "dataLoad", "dataWait", "modelLoad", "firstStep", "compile", "decodeCapture",
-                                  "total")
+STARTUP_PARTS: tuple[str, ...] = ("import", "dataLoad", "dataWait", "modelLoad", "restore", "firstStep", "compile",
+                                  "decodeCapture", "total")
 OUTPUTS = "outputs"                    # {"model"/"adapter": {"path", "step"}}: the latest export (infra/export.py)
 MEMORY_PLAN = "memoryPlan"             # one line: rank 0's GPU memory plan (terms in GiB, budgets), from the start
 MEMORY_PLAN_MAX_CHARS = 1024

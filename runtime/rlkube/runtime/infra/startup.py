@@ -12,7 +12,9 @@ step's `startupSeconds`, /progress and status.progress):
                  needed it (all of dataLoad when the data is loaded before the build goes on:
                  RLKUBE_SERIAL_STARTUP=1, or a trainer that needs the data first);
 - modelLoad:     the rest of the build: models, optimizers, the memory plan, and restoring a
-                 checkpoint (the build's wall time less dataWait);
+                 checkpoint (the build's wall time less dataWait), of which
+  - restore:       a resumed run only: loading the checkpoint into the models and optimizers, and
+                   torch.compile's artifacts saved with it (reported as a share of modelLoad);
 - firstStep:     the first step, of which
   - compile:       seconds torch.compile spent compiling (forward and backward graphs, as torch's
                    own compile timers count them: measured, not estimated; a cache hit counts
@@ -60,9 +62,9 @@ class StartupClock:
     `seconds()` is the split so far (startup_split)."""
 
     STAGES = ("import", "modelLoad", "firstStep")
-    # dataLoad and dataWait inside modelLoad's span (dataLoad beside the build, dataWait cut out of
-    # it), the others inside firstStep's
-    PARTS = ("dataLoad", "dataWait", "compile", "decodeCapture")
+    # dataLoad, dataWait and restore inside modelLoad's span (dataLoad beside the build, dataWait cut
+    # out of it, restore a share of it), the others inside firstStep's
+    PARTS = ("dataLoad", "dataWait", "restore", "compile", "decodeCapture")
 
     def __init__(self, started: float | None = None, clock=time.time) -> None:
         self.clock = clock
@@ -100,8 +102,8 @@ class StartupClock:
 def startup_split(started: float, marks: dict[str, float], parts: dict[str, float]) -> dict[str, float]:
     """The start-up split (module docstring) from the process start, the wall-clock end of each
     stage marked so far (import, modelLoad, firstStep), and the seconds of the parts timed inside
-    them (dataLoad and dataWait in the build, between the import and modelLoad marks; compile and
-    decodeCapture in the first step). modelLoad is the build's span less dataWait; dataLoad, which
+    them (dataLoad, dataWait and restore in the build, between the import and modelLoad marks;
+    compile and decodeCapture in the first step). modelLoad is the build's span less dataWait; dataLoad, which
     ran beside the build, is reported as is. Stages are cut at the first unmarked one; `total` runs
     to the last mark. Seconds rounded to milliseconds, camelCase keys."""
     out: dict[str, float] = {}
@@ -118,6 +120,8 @@ def startup_split(started: float, marks: dict[str, float], parts: dict[str, floa
                 out["dataWait"] = round(wait, 3)
                 span -= wait
         out[stage] = round(span, 3)
+        if stage == "modelLoad" and parts.get("restore"):
+            out["restore"] = round(min(parts["restore"], span), 3)
         if stage == "firstStep":
             for part in ("compile", "decodeCapture"):
                 if parts.get(part):

@@ -143,7 +143,9 @@ class Trainer:
         self.optimizers: list[torch.optim.Optimizer] = []
         self.checkpoint_staging = "auto"  # build() may decide from its memory plan (plan_request.staging_of)
         torch.manual_seed(config.training.seed)
+        started = time.perf_counter()
         self.compile_artifacts = self.load_compile_artifacts()
+        artifacts_seconds = time.perf_counter() - started
         self.build()
         # Background writes always: the host copy costs the model and optimizer state once more in
         # host memory, which every GPU node this runs on has; the GPU never waits for the disk.
@@ -155,8 +157,10 @@ class Trainer:
         self.monitor = GpuMonitor(ctx.device)
         self.peak, self.peak_source = peak_flops(ctx.device)
         self.start_step = 0
+        started = time.perf_counter()
         meta = self.checkpointer.restore(self.trainable, self.optimizers)
-        if meta is not None:
+        if meta is not None:  # the start-up split's restore: the checkpoint and its compile artifacts
+            self.startup.add("restore", time.perf_counter() - started + artifacts_seconds)
             self.start_step = int(meta["step"])
             self.load_trainer_state(meta["trainer"])
             log.info(

@@ -4,6 +4,7 @@
 #
 #   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml
 #                                                  plan-3b plan-7b-lora plan-before tail-restart env-pair
+#                                                  startup-profile
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # dpo-pair  util-dpo, then bench_dpo.py on the same config (long-tailed, 32 pairs, 32k-token budget) in the
@@ -25,6 +26,8 @@
 #           of 5 steps from the checkpoint and its compile cache: cold start, tail, exit, busy to exit (~7 min)
 # env-pair  GRPO with a 100 ms verifier in process, then the same verifier as the reference environment on
 #           loopback with 16 slots: the step's busy fraction both ways (~5 min)
+# startup-profile  profile_startup.py: GRPO started, restarted, and restarted under cProfile; each run's
+#           start-up split (restore included) and the profile's top functions (~3 min)
 #
 # The GPU machine has torch and transformers but not the rest: download the wheels here into .whl/
 # (kept out of git; carried to the machine with the working tree), for its Python 3.12:
@@ -105,8 +108,10 @@ for group in "$@"; do
             --reward-ms 100 --json-out "$out/env-in-process.json"
         run env-remote 270 python3 tests/gpu/bench_utilization.py --cases grpo --steps 6 --every 100 \
             --reward-ms 100 --remote-env 16 --json-out "$out/env-remote.json" ;;
+    startup-profile)
+        run startup-profile 400 python3 tests/gpu/profile_startup.py "$out/startup-profile" --case grpo ;;
     *)
-        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml plan-3b plan-7b-lora plan-before tail-restart env-pair)" >&2
+        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml plan-3b plan-7b-lora plan-before tail-restart env-pair startup-profile)" >&2
         exit 2 ;;
     esac
 done

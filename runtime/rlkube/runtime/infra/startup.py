@@ -103,9 +103,10 @@ def startup_split(started: float, marks: dict[str, float], parts: dict[str, floa
     """The start-up split (module docstring) from the process start, the wall-clock end of each
     stage marked so far (import, modelLoad, firstStep), and the seconds of the parts timed inside
     them (dataLoad, dataWait and restore in the build, between the import and modelLoad marks;
-    compile and decodeCapture in the first step). modelLoad is the build's span less dataWait; dataLoad, which
-    ran beside the build, is reported as is. Stages are cut at the first unmarked one; `total` runs
-    to the last mark. Seconds rounded to milliseconds, camelCase keys."""
+    compile and decodeCapture in the first step). modelLoad is the build's span less dataWait;
+    dataLoad, which ran beside the build, and restore, a share of it, are reported as they are.
+    Stages are cut at the first unmarked one; `total` runs to the last mark. Seconds rounded to
+    milliseconds, camelCase keys."""
     out: dict[str, float] = {}
     before = started
     for stage in StartupClock.STAGES:

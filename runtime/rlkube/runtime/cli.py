@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(compile_cache_env(config.checkpoint.dir, dict(os.environ), config.checkpoint.compile_cache_dir))
     # An install without its bytecode compiles torch and transformers from source at every start
     # unless the bytecode is kept beside torch.compile's cache (bytecode.py).
-    from rlkube.runtime.infra.bytecode import bytecode_env, use_bytecode_cache
+    from rlkube.runtime.infra.bytecode import share_bytecode_cache, use_bytecode_cache
 
-    os.environ.update(bytecode_env(use_bytecode_cache(os.environ.get("TORCHINDUCTOR_CACHE_DIR"), dict(os.environ))))
+    share_bytecode_cache(use_bytecode_cache(os.environ.get("TORCHINDUCTOR_CACHE_DIR"), dict(os.environ)), os.environ)
     os.environ.update(allocator_env(dict(os.environ)))
     mode = launch_mode(dict(os.environ))
     if mode == "spawn":

@@ -15,8 +15,9 @@ import pytest
 from rlkube.runtime.infra import bytecode
 from rlkube.runtime.infra.bytecode import (
     ENV_BYTECODE_CACHE,
+    ENV_DONT_WRITE,
     ENV_PYCACHE_PREFIX,
-    bytecode_env,
+    share_bytecode_cache,
     use_bytecode_cache,
 )
 
@@ -28,6 +29,7 @@ def package(tmp_path, monkeypatch):
     (site / "fakelib").mkdir(parents=True)
     (site / "fakelib" / "__init__.py").write_text("from fakelib.part import VALUE\n")
     (site / "fakelib" / "part.py").write_text("VALUE = 42\n")
+    (site / "fakelib" / "worker.py").write_text("ROLE = 'worker'\n")  # imported by a spawned process only
     monkeypatch.syspath_prepend(str(site))
     return site
 
@@ -48,7 +50,12 @@ def test_a_package_without_bytecode_it_can_write_gets_the_cache(package, tmp_pat
     prefix = use_bytecode_cache(str(tmp_path / "cache"), {}, packages=["fakelib"], writable=unwritable)
     assert prefix == str(tmp_path / "cache" / "pycache")
     assert sys.pycache_prefix == prefix and Path(prefix).is_dir()
-    assert bytecode_env(prefix) == {ENV_PYCACHE_PREFIX: prefix}
+    # the processes it starts read and write the same cache
+    environ = {ENV_DONT_WRITE: "1", "OTHER": "kept"}
+    share_bytecode_cache(prefix, environ)
+    assert environ == {ENV_PYCACHE_PREFIX: prefix, "OTHER": "kept"}
+    share_bytecode_cache(None, environ := {ENV_DONT_WRITE: "1"})
+    assert environ == {ENV_DONT_WRITE: "1"}
 
 
 def test_bytecode_writing_off_gets_the_cache_and_turns_writing_on_under_it(package, tmp_path, monkeypatch):
@@ -83,17 +90,19 @@ def test_left_alone(case, package, tmp_path, monkeypatch):
 
 def test_the_first_start_writes_the_cache_and_the_next_reads_it(package, tmp_path):
     """Two interpreters with PYTHONDONTWRITEBYTECODE=1, as a container image sets it: the first
-    compiles fakelib and writes its bytecode under the cache only; the second reads it (the
-    files are not written again) and nothing is ever written beside the sources."""
+    compiles fakelib and writes its bytecode under the cache only, and so does a worker it starts;
+    the second reads it (the files are not written again) and nothing is ever written beside the
+    sources."""
     cache = tmp_path / "cache"
     script = textwrap.dedent(f"""
-        import sys
-        from pathlib import Path
-        from rlkube.runtime.infra.bytecode import use_bytecode_cache
+        import os, subprocess, sys
+        from rlkube.runtime.infra.bytecode import share_bytecode_cache, use_bytecode_cache
         prefix = use_bytecode_cache({str(cache)!r}, {{}}, packages=["fakelib"],
                                     writable=lambda folder: "cache" in folder.parts)
         import fakelib
         assert fakelib.VALUE == 42
+        share_bytecode_cache(prefix, os.environ)  # as the CLI does before it spawns workers
+        subprocess.run([sys.executable, "-c", "import fakelib.worker"], env=os.environ, check=True)
         print(prefix)
     """)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
@@ -107,7 +116,8 @@ def test_the_first_start_writes_the_cache_and_the_next_reads_it(package, tmp_pat
 
     assert start() == str(cache / "pycache")
     written = sorted(p for p in cache.rglob("*.pyc") if "fakelib" in p.parts)
-    assert {p.name.split(".")[0] for p in written} == {"__init__", "part"}
+    # the worker, started with PYTHONDONTWRITEBYTECODE dropped, wrote what it compiled there too
+    assert {p.name.split(".")[0] for p in written} == {"__init__", "part", "worker"}
     mtimes = [p.stat().st_mtime_ns for p in written]
     start()
     assert [p.stat().st_mtime_ns for p in written] == mtimes

@@ -9,11 +9,12 @@ every start. On an H100 host with such an install, a GRPO restart compiled 2,583
 compiler stack, transformers, sympy): 6.5-8.5 s of its start, under a profiler.
 
 `use_bytecode_cache` detects that case before torch and transformers are imported, and points
-Python's bytecode cache (`sys.pycache_prefix`, PYTHONPYCACHEPREFIX for the processes it starts)
-at a folder beside torch.compile's cache: next to the checkpoints, or on the cluster's cache
-volume. The first start writes the bytecode there, and every later start of the job (a restart,
-a replaced pod) reads it. Nothing is written beside the sources. Left alone: an install that has
-its bytecode or can write it, a PYTHONPYCACHEPREFIX the user set, and RLKUBE_BYTECODE_CACHE=0.
+Python's bytecode cache (`sys.pycache_prefix`; PYTHONPYCACHEPREFIX for the processes it starts,
+which write there too: `share_bytecode_cache`) at a folder beside torch.compile's cache: next to the
+checkpoints, or on the cluster's cache volume. The first start writes the bytecode there, and every
+later start of the job (a restart, a replaced pod) reads it. Nothing is written beside the sources.
+Left alone: an install that has its bytecode or can write it, a PYTHONPYCACHEPREFIX the user set,
+and RLKUBE_BYTECODE_CACHE=0.
 Pure standard library: it runs before torch is imported.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ENV_BYTECODE_CACHE = "RLKUBE_BYTECODE_CACHE"  # 0: leave Python's bytecode caching as it is
 ENV_PYCACHE_PREFIX = "PYTHONPYCACHEPREFIX"
+ENV_DONT_WRITE = "PYTHONDONTWRITEBYTECODE"
 # The packages whose import dominates the start; one of them without its bytecode turns the cache on.
 PACKAGES = ("torch", "transformers")
 PYCACHE_SUBDIR = "pycache"
@@ -65,8 +67,9 @@ def use_bytecode_cache(cache_root: str | None, env: dict[str, str], packages: It
     """Cache the bytecode under `cache_root`/pycache when a package of `packages` has no bytecode
     it can keep (module docstring). Sets sys.pycache_prefix for this process and returns the
     folder; the caller puts it in the environment of the processes it starts (PYTHONPYCACHEPREFIX).
-    None, and nothing changed, where the cache is off, the user set a prefix, every package keeps
-    its own bytecode, or the folder cannot be made."""
+    None, and nothing changed, where the cache is off, the user set a prefix (or a process that
+    started this one shared its cache: share_bytecode_cache), every package keeps its own
+    bytecode, or the folder cannot be made."""
     if not cache_root or env.get(ENV_BYTECODE_CACHE, "1") == "0":
         return None
     if sys.pycache_prefix or env.get(ENV_PYCACHE_PREFIX):
@@ -88,6 +91,11 @@ def use_bytecode_cache(cache_root: str | None, env: dict[str, str], packages: It
     return prefix
 
 
-def bytecode_env(prefix: str | None) -> dict[str, str]:
-    """The environment that gives processes this one starts the same bytecode cache."""
-    return {ENV_PYCACHE_PREFIX: prefix} if prefix else {}
+def share_bytecode_cache(prefix: str | None, environ: dict[str, str]) -> None:
+    """Give the processes this one starts (the workers of a multi-GPU pod, torch.compile's compile
+    workers) the same cache: PYTHONPYCACHEPREFIX set, and PYTHONDONTWRITEBYTECODE dropped so that
+    they write what they compile there too (a pod's launcher that spawns its workers imports no
+    torch itself). Nothing changes without a prefix."""
+    if prefix:
+        environ[ENV_PYCACHE_PREFIX] = prefix
+        environ.pop(ENV_DONT_WRITE, None)

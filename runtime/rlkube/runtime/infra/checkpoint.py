@@ -60,7 +60,6 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlkube.runtime.infra.checkpoint_layout import META, STEP_DIR
-from rlkube.runtime.infra.checkpoint_reader import ParallelReader
 from rlkube.runtime.infra.compile_artifacts import write_attachments
 from rlkube.runtime.infra.distributed import DistContext, barrier
 from rlkube.runtime.infra.log import emit
@@ -492,7 +491,7 @@ class Checkpointer:
         path = Path(chosen)
         model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=ParallelReader(path))  # threads: checkpoint_reader.py
+        dcp.load(state, checkpoint_id=str(path))
         if state["model"]:
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return read_meta(path)

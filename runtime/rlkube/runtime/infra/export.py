@@ -266,9 +266,7 @@ def read_model_state(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from rlkube.runtime.infra.checkpoint_reader import ParallelReader
-
-    reader = ParallelReader(path)
+    reader = dcp.FileSystemReader(str(path))
     full = f"model.{prefix}{MODEL_PREFIX}"
     wanted = {}
     for key, item in reader.read_metadata().state_dict_metadata.items():

@@ -204,7 +204,7 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         cfg_path = work / "run.yaml"
         cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work, rollout)))
         # TORCH_LOGS=recompiles: each recompile and the guard that failed, on stderr (recompilesOf)
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "runtime"), PYTHONUNBUFFERED="1", TORCH_LOGS="recompiles")
+        env = cli_env(args.cpu, TORCH_LOGS="recompiles")
         if args.eos_median and case != "dpo":
             hooks = work / "eos_hook"
             hooks.mkdir()
@@ -217,10 +217,6 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         elif args.reward_ms and case != "dpo":  # tests/gpu/slow_reward.py, importable by the CLI
             here = os.path.dirname(os.path.abspath(__file__))
             env.update(PYTHONPATH=f"{env['PYTHONPATH']}{os.pathsep}{here}", BENCH_REWARD_MS=str(args.reward_ms))
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            env.pop(k, None)
-        if args.cpu:
-            env["CUDA_VISIBLE_DEVICES"] = ""
         dropped = drop_page_cache() if args.cold else None
         proc, recs, sampler, launched, exited = run_cli(cfg_path, env, args, gpu_sampler_gpu, case_name)
         if proc.returncode != 0:
@@ -249,6 +245,17 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         if environment is not None:
             environment.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cli_env(cpu: bool, **extra: str) -> dict[str, str]:
+    """The environment of a CLI run: this checkout's runtime, unbuffered output, one process (no
+    rank variables inherited), no GPU with `cpu`, and `extra`."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "runtime"), PYTHONUNBUFFERED="1", **extra)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def drop_page_cache() -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import pstats
 import shutil
 import subprocess
@@ -86,11 +85,7 @@ def main() -> int:
         bench.save_model(args.shape, model_dir, cuda=not args.cpu)
         config = bench.case_config(opts.case, args, model_dir, work)
         cfg_path = work / "run.yaml"
-        env = dict(os.environ, PYTHONPATH=str(bench.ROOT / "runtime"), PYTHONUNBUFFERED="1", RLKUBE_FAST_EXIT="0")
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            env.pop(key, None)
-        if args.cpu:
-            env["CUDA_VISIBLE_DEVICES"] = ""
+        env = bench.cli_env(args.cpu, RLKUBE_FAST_EXIT="0")
         for name, more, profile in (("first", 0, False), ("restart", 2, False), ("restart-profiled", 2, True)):
             config["training"]["steps"] += more
             cfg_path.write_text(yaml.safe_dump(config))

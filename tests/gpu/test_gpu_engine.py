@@ -135,7 +135,9 @@ def test_refilled_rows_in_cuda_graphs_give_the_eager_greedy_tokens_and_sampling_
         assert decoder.cuda_graphs and decoder._batch.graphs, "graph capture failed; decoded eagerly"
         assert torch.equal(got.response_ids, want.response_ids), refill
         assert torch.equal(got.response_mask, want.response_mask), refill
-        assert all(b.graphs for b in decoder._smaller.values()), "a compacted batch decoded eagerly"
+        # graphs are captured at a bucket's third step (decode_batch.CAPTURE_AFTER): a compacted
+        # batch with fewer steps at every bucket has none, but none may have failed to capture
+        assert all(b.use_graphs for b in decoder._smaller.values()), "a compacted batch's capture failed"
     sampled = SamplingParams(max_new_tokens=32, temperature=1.0, eos_token_id=eos, pad_token_id=PAD)
     decoder = Decoder(lm, batch_rows=3)
     runs = [decoder.generate(ids, mask, sampled, torch.Generator(DEVICE).manual_seed(s)).response_ids

@@ -189,3 +189,65 @@ def test_eos_is_checked_every_few_steps(monkeypatch):
     decoder.generate(ids, mask, SamplingParams(max_new_tokens=40, temperature=0.0, pad_token_id=PAD))
     assert decoder.last_stats["steps"] == 40
     assert len(reads) == 40 // decode_batch.EOS_CHECK_EVERY
+
+
+def test_a_buckets_graph_is_captured_at_its_third_step_and_an_unreached_bucket_never(monkeypatch):
+    """Lazy capture (the module docstring): the first CAPTURE_AFTER steps at a read length run
+    eagerly, the next one captures and every later one replays; a bucket no step reaches is never
+    captured, and the tokens are those of the eager loop. The CUDA parts (stream, recording) are
+    stood in for on the CPU: a 'graph' here replays the eager step it was captured for."""
+    monkeypatch.setattr(decode_batch, "COMPACT_MIN_ROWS", 1)
+    model = sharp_model()
+    ids, mask = left_padded(mixed_prompts(5, seed=4))
+    eos = eos_with_spread(model, ids, mask, 100)
+    params = SamplingParams(max_new_tokens=100, temperature=0.0, eos_token_id=eos, pad_token_id=PAD)
+    want = Decoder(model, static_cache=False).generate(ids, mask, params)
+    events = []  # (batch rows, "eager" | "capture" | "replay", read length), in order
+
+    class Replay:
+        def __init__(self, batch, read_len):
+            self.batch, self.read_len = batch, read_len
+
+        def replay(self):
+            events.append((self.batch.rows, "replay", self.read_len))
+            self.batch._step(self.read_len)
+
+    def on_own_stream(self, work):
+        events.append((self.rows, "eager", self.cache.read_len))  # read_len of the step before; fixed below
+        work()
+        events[-1] = (self.rows, "eager", self.cache.read_len)
+
+    def capture(self, read_len):
+        events.append((self.rows, "capture", read_len))
+        self.graphs[read_len] = Replay(self, read_len)
+        return self.graphs[read_len]
+
+    real_init = DecodeBatch.__init__
+
+    def init(self, decoder, rows, prompt_len, params, graphs):
+        real_init(self, decoder, rows, prompt_len, params, graphs=False)
+        self.use_graphs = True  # what graphs=True sets, without its CUDA stream
+
+    monkeypatch.setattr(DecodeBatch, "__init__", init)
+    monkeypatch.setattr(DecodeBatch, "_on_own_stream", on_own_stream)
+    monkeypatch.setattr(DecodeBatch, "_capture", capture)
+    decoder = Decoder(model, static_cache=True, cuda_graphs=False, batch_rows=5)
+    got = decoder.generate(ids, mask, params)
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    batches = {rows for rows, _, _ in events}
+    assert len(batches) >= 2, events  # the drain was compacted into a smaller batch
+    reached = {}
+    for rows, kind, read_len in events:
+        reached.setdefault((rows, read_len), []).append(kind)
+    for key, kinds in reached.items():
+        eager = decode_batch.CAPTURE_AFTER
+        assert kinds[:eager] == ["eager"] * min(eager, len(kinds)), (key, kinds)
+        if len(kinds) > eager:  # the third step captured, then replayed; every later step replayed
+            assert kinds[eager:eager + 1] == ["capture"] and set(kinds[eager + 1:]) == {"replay"}, (key, kinds)
+    full, small = max(batches), min(batches)
+    assert decoder._batch.buckets == [64, 128]  # 100 new tokens after 8 prompt columns
+    # The 5-row batch is compacted (one long completion left) before any row reads past 64 slots:
+    # its 128-slot graph, which capturing every bucket up front made, is never captured.
+    assert (full, 64) in reached and (full, 128) not in reached, sorted(reached)
+    assert reached[(small, 128)][decode_batch.CAPTURE_AFTER] == "capture"

@@ -25,6 +25,15 @@ for a few read lengths (buckets up to the full cache); before each step the host
 smallest that covers every live row. The host knows that bound without asking the device: a row
 has at most as many tokens as steps since it was filled.
 
+Graphs are captured when first needed, not up front: the first CAPTURE_AFTER steps at a read
+length run eagerly (real decode steps, which are also the warm-up a capture needs: the compiled
+layers' first call, kernel choice, the allocator's growth), the next one captures its graph and
+every later one replays it. A bucket no step reaches (the early read lengths of a batch that
+compaction makes for the drain, the late ones of a rollout whose completions stop early) is never
+captured. Captures skip `torch.cuda.graph`'s release of every cached block (`empty_cache`, for
+device and pinned host memory) before each capture: done once per graph, it made the allocator
+give back and take again the memory of every other batch's caches.
+
 Tokens: greedy completions are exactly those of the plain batched loop (same per-row arithmetic;
 a test checks it). Sampled completions come from the same distribution but not the same draws:
 the noise a prompt gets depends on which row and step it lands on, which refilling changes. The
@@ -33,6 +42,7 @@ draws of one call are reproducible for the same generator seed, rows and refill 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +53,8 @@ import torch
 from transformers.cache_utils import Cache
 
 from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
+
+log = logging.getLogger(__name__)
 
 # How often (in steps) the host reads the finished flags: each read is a host sync, and refills
 # happen only then. A finished row idles at most this many steps minus one.
@@ -58,6 +70,8 @@ BUCKETS = 4
 SPARE_SLOTS = 8
 # Compaction stops at this many rows: below it a step costs about the same whatever the batch.
 COMPACT_MIN_ROWS = 8
+# Eager steps at a read length before its graph is captured (see the module docstring).
+CAPTURE_AFTER = 2
 
 
 def _round_up(n: int, step: int) -> int:
@@ -174,10 +188,17 @@ class DecodeBatch:
             first = decoder.step_forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
         self.cache.prefill_rows = None
         self.logits = first.clone()
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        if graphs:
-            self._capture()
         self.mask.fill_(self.blocked)
+        self.use_graphs = graphs
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.eager_steps: dict[int, int] = {}  # read length -> steps run eagerly before its capture
+        # Eager steps and captures run on a stream of their own (warm-up and capture on the same
+        # stream, as CUDA graphs want); one memory pool for all of this batch's graphs, which
+        # never run at the same time.
+        self.stream = torch.cuda.Stream(device) if graphs else None
+        self.pool = None
+        # Seconds spent on this batch outside decoding proper: building it (the cache's first
+        # allocation) and capturing its graphs, added to as graphs are captured.
         self.capture_seconds = time.perf_counter() - started
 
     # -- one step ------------------------------------------------------------------------------
@@ -211,30 +232,53 @@ class DecodeBatch:
         need = self.prompt_len + min(live, self.params.max_new_tokens)
         read_len = next(b for b in self.buckets if b >= need)
         graph = self.graphs.get(read_len)
+        if graph is None and self.use_graphs:
+            ran = self.eager_steps.get(read_len, 0)
+            if ran < CAPTURE_AFTER:
+                self.eager_steps[read_len] = ran + 1
+                self._on_own_stream(lambda: self._step(read_len))
+                return
+            graph = self._capture(read_len)  # None: it failed, and this batch decodes eagerly from here
         if graph is not None:
             graph.replay()
         else:
             self._step(read_len)
 
-    def _capture(self) -> None:
-        # Warm-up runs (kernel selection, allocator) on a side stream, then one capture per
-        # bucket into one memory pool: the graphs never run at the same time.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                for read_len in self.buckets:
-                    self._step(read_len)
-        torch.cuda.current_stream().wait_stream(stream)
-        pool = None
-        for read_len in self.buckets:
-            graph = torch.cuda.CUDAGraph()
-            graph.register_generator_state(self.rng)
-            with torch.cuda.graph(graph, pool=pool):
+    def _on_own_stream(self, work: Callable[[], None]) -> None:
+        """`work` on this batch's stream, ordered after and before the current stream's work."""
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            work()
+        current.wait_stream(self.stream)
+
+    def _capture(self, read_len: int) -> torch.cuda.CUDAGraph | None:
+        """The graph of one step at `read_len`, recorded (not run) into this batch's pool; None,
+        with graphs off for this batch, when the model's step cannot be captured (recording runs
+        nothing, so the rows' state is as before)."""
+        started = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.rng)
+        torch.cuda.synchronize()  # nothing of the stream's eager work may be pending in the capture
+
+        def record() -> None:
+            graph.capture_begin(pool=self.pool)
+            try:
                 self._step(read_len)
-            pool = graph.pool()
-            self.graphs[read_len] = graph
-        torch.cuda.synchronize()
+            finally:
+                graph.capture_end()
+
+        try:
+            self._on_own_stream(record)
+        except Exception as e:
+            log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
+                        type(e).__name__, e)
+            self.use_graphs = False
+            return None
+        self.pool = graph.pool()
+        self.graphs[read_len] = graph
+        self.capture_seconds += time.perf_counter() - started
+        return graph
 
     # -- rows ----------------------------------------------------------------------------------
     def seed(self, seed: int) -> None:

@@ -107,9 +107,9 @@ class Decoder:
 
     The default path (`static_cache`, any attention that takes a 4-D mask) is the continuous-
     batching decoder of `decode_batch`: a cache of per-row slots, sampling and bookkeeping inside
-    the step, and on CUDA one captured graph per read-length bucket (re-captured only when the
-    batch shape, the sampling setting or the parameter storage changes, as after an FSDP unshard
-    into fresh memory). `static_cache=False` (or flash-attention, which takes 2-D masks only)
+    the step, and on CUDA one captured graph per read-length bucket that a step reached (captured
+    once; again only when the batch shape, the sampling setting or the parameter storage changes,
+    as after an FSDP unshard into fresh memory). `static_cache=False` (or flash-attention, which takes 2-D masks only)
     runs the plain eager loop over a growing `DynamicCache`, in waves of `batch_rows`.
 
     batch_rows: decode rows (None: one row per prompt). With fewer rows than prompts, `refill`
@@ -145,7 +145,7 @@ class Decoder:
         self._smaller: dict[int, DecodeBatch] = {}
         # Decoder layers through torch.compile while generating (decode_layers.py).
         self.compiled_layers = CompiledDecodeLayers(model, compile_layers)
-        self.capture_seconds_total = 0.0  # every DecodeBatch built (caches allocated, graphs captured)
+        self._released_capture_seconds = 0.0  # capture_seconds_total of the batches released so far
         self.last_stats: dict = {}
 
     # -- masks ---------------------------------------------------------------------------------
@@ -221,6 +221,8 @@ class Decoder:
             resize = self._smaller_batch if self.compact else None
             response, response_mask, logprobs, self.last_stats = decode(batch, input_ids, prompt_mask, generator,
                                                                         self.refill, resize)
+            if any(not b.use_graphs for b in (batch, *self._smaller.values())):
+                self.cuda_graphs = False  # a capture failed (DecodeBatch._capture): later batches decode eagerly
             # Seconds of this call spent building decode batches (graph capture), 0 when reused.
             self.last_stats["captureSeconds"] = round(self.capture_seconds_total - captured_before, 3)
         return GenerationOutput(input_ids, prompt_mask, response, response_mask, logprobs)
@@ -239,22 +241,29 @@ class Decoder:
             self._smaller[rows] = self._new_batch(rows, self._batch.prompt_len, self._batch.params)
         return self._smaller[rows]
 
+    @property
+    def capture_seconds_total(self) -> float:
+        """Seconds every DecodeBatch of this decoder spent outside decoding proper: built (caches
+        allocated) and graphs captured, the released ones included."""
+        batches = [self._batch, *self._smaller.values()] if self._batch is not None else []
+        return self._released_capture_seconds + sum(b.capture_seconds for b in batches)
+
     def _new_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
         try:
             batch = DecodeBatch(self, rows, prompt_len, params, graphs=self.cuda_graphs)
         except Exception as e:
             if not self.cuda_graphs:
                 raise
-            # A model whose forward cannot be captured: decode eagerly, same loop.
-            log.warning("generation: CUDA graph capture failed (%s: %s); decoding without graphs",
+            # Building the batch failed with graphs on (its stream, a CUDA error): decode eagerly, same loop.
+            log.warning("generation: decode batch with CUDA graphs failed (%s: %s); decoding without graphs",
                         type(e).__name__, e)
             self.cuda_graphs = False
             batch = DecodeBatch(self, rows, prompt_len, params, graphs=False)
-        self.capture_seconds_total += batch.capture_seconds
         return batch
 
     def release(self) -> None:
         """Free the KV caches and graphs (the hybrid engine calls this before training)."""
+        self._released_capture_seconds = self.capture_seconds_total
         self._batch = None
         self._smaller = {}
 

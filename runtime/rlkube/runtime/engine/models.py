@@ -91,16 +91,21 @@ def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
 
 
 def build_causal_lm(
-    spec: ModelSpec, device: torch.device, seed: int = 0, packed: bool = False
+    spec: ModelSpec, device: torch.device, seed: int = 0, packed: bool = False, weights: bool = True,
 ) -> tuple[torch.nn.Module, str]:
     """The causal LM of `spec` on `device`, and the attention implementation it uses (`packed`: see
-    pick_attention)."""
+    pick_attention). `weights=False`: the caller overwrites every parameter next (a trained role
+    resuming from a checkpoint), so the weight files of `spec.path` are not read; only its config."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     attention = pick_attention(spec.attention, device, packed)
     dtype = resolve_dtype(spec, device)
-    if spec.path is not None:
+    hf_config = None
+    if spec.path is not None and weights:
         model = load_pretrained(spec.path, dtype, attention, device)
+    elif spec.path is not None:
+        hf_config = AutoConfig.from_pretrained(spec.path, local_files_only=True)
+        log.info("model.path %s: weights not read, the checkpoint being resumed holds them", spec.path)
     else:
         fields = dict(spec.config or {})
         model_type = fields.pop("model_type")
@@ -108,6 +113,7 @@ def build_causal_lm(
             hf_config = AutoConfig.for_model(model_type, **fields)
         except (ValueError, TypeError) as e:
             raise ValueError(f"model.config: {e}") from None
+    if hf_config is not None:
         # Same seed -> same initial weights on every rank, so an unsharded model starts equal.
         # Initialised directly on the device: a 1.5B model takes a minute to initialise on a CPU.
         with torch.random.fork_rng(devices=[]), torch.device(device):

@@ -146,6 +146,9 @@ class Trainer:
         started = time.perf_counter()
         self.compile_artifacts = self.load_compile_artifacts()
         artifacts_seconds = time.perf_counter() - started
+        # A committed checkpoint to resume from: the trained roles' weights come from it (restore
+        # below loads every parameter of `trainable` or fails), so build() need not read theirs.
+        self.resuming = latest(config.checkpoint.dir) is not None
         self.build()
         # Background writes always: the host copy costs the model and optimizer state once more in
         # host memory, which every GPU node this runs on has; the GPU never waits for the disk.
@@ -159,6 +162,9 @@ class Trainer:
         self.start_step = 0
         started = time.perf_counter()
         meta = self.checkpointer.restore(self.trainable, self.optimizers)
+        if meta is None and self.resuming:  # removed between the two looks: the weights were never read
+            raise RuntimeError(f"checkpoint.dir {config.checkpoint.dir}: the checkpoint to resume from "
+                               "disappeared while the models were built; start again")
         if meta is not None:  # the start-up split's restore: the checkpoint and its compile artifacts
             self.startup.add("restore", time.perf_counter() - started + artifacts_seconds)
             self.start_step = int(meta["step"])

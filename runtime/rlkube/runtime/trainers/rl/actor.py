@@ -35,9 +35,12 @@ class ActorWorker(RoleWorker):
     role = "actor"
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups, algorithm: RLAlgorithm, vocab_size: int,
-                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer], budgets: RLBudgets) -> None:
+                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer], budgets: RLBudgets,
+                 pretrained: bool = True) -> None:
+        """`pretrained=False`: a resumed run, whose checkpoint holds every weight (the frozen LoRA
+        base too): model.path's weight files are not read."""
         ctx = groups.ctx
-        lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed)
+        lm, self.attention = build_causal_lm(config.model, ctx.device, seed=config.training.seed, weights=pretrained)
         if lm.get_input_embeddings().weight.shape[0] < vocab_size:
             raise ConfigError(f"model.config.vocab_size: smaller than the tokenizer's {vocab_size}")
         self.flops = FlopModel.of(lm)

@@ -23,9 +23,11 @@ class CriticWorker(RoleWorker):
     role = "critic"
 
     def __init__(self, config: RuntimeConfig, groups: RoleGroups,
-                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer], budgets: RLBudgets) -> None:
+                 make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer], budgets: RLBudgets,
+                 pretrained: bool = True) -> None:
+        """`pretrained=False`: a resumed run; its checkpoint holds the critic's weights (ActorWorker)."""
         spec = config.roles.critic.model or config.model
-        lm, _ = build_causal_lm(spec, groups.ctx.device, seed=config.training.seed)
+        lm, _ = build_causal_lm(spec, groups.ctx.device, seed=config.training.seed, weights=pretrained)
         compile_role(lm, spec.compile, groups.ctx, "critic")
         critic = shard(ValueModel(lm), groups.ctx, "critic")
         super().__init__(config, groups, critic, make_optimizer(critic), budgets)

@@ -173,11 +173,11 @@ class RLTrainer(Trainer):
         self.attention = None
         if "actor" in here:
             self.actor = ActorWorker(cfg, self.groups, self.algorithm, self.tokenizer.vocab_size, self.adamw,
-                                     self.budgets)
+                                     self.budgets, pretrained=not self.resuming)
             self.attention = self.actor.attention
             self.trainable["actor"] = self.actor.model
         if self.algorithm.critic and "critic" in here:
-            self.critic = CriticWorker(cfg, self.groups, self.adamw, self.budgets)
+            self.critic = CriticWorker(cfg, self.groups, self.adamw, self.budgets, pretrained=not self.resuming)
             self.trainable["critic"] = self.critic.model
         self.workers = [w for w in (self.actor, self.critic) if w is not None]
         for worker in self.workers:

@@ -504,23 +504,10 @@ class Checkpointer:
         if not chosen:
             return None
         path = Path(chosen)
-        model_sd, optim_sd = _state_dicts(model, optimizer)
-        plain = not any(type(t).__name__ == "DTensor" for t in tree_flatten(optim_sd)[0])
-        if defer_optimizer and model_sd and optim_sd.get("state") and not self.ctx.initialized and plain:
-            # The model and the optimizer's hyperparameters now (the state's tensors stay as
-            # get_state_dict made them until finish_restore), the state's tensors on a thread.
-            dcp.load({"model": model_sd, "optim": {"param_groups": optim_sd["param_groups"]}},
-                     checkpoint_id=str(path))
-            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-            self._deferred = DeferredOptimizerState(path, model, optimizer, optim_sd)
-            # before the first optimizer step, whichever optimizer steps first
+        self._deferred = load(path, model, optimizer, defer_optimizer and not self.ctx.initialized)
+        if self._deferred is not None:  # before the first optimizer step, whichever steps first
             self._deferred.hooks = [o.register_step_pre_hook(lambda *_: self.finish_restore())
                                     for o in self._deferred.optimizers]
-            return read_meta(path)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
-        if state["model"]:
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return read_meta(path)
 
     def finish_restore(self) -> None:
@@ -529,6 +516,23 @@ class Checkpointer:
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             deferred.finish()
+
+
+def load(path: Path, model: torch.nn.Module, optimizer, defer_optimizer: bool) -> DeferredOptimizerState | None:
+    """Checkpoint `path` into model and optimizer(s). `defer_optimizer` (a single process) with plain
+    tensors: the model and the optimizer's hyperparameters now, the state's tensors read on a
+    thread (returned; they stay as get_state_dict made them until its finish())."""
+    model_sd, optim_sd = _state_dicts(model, optimizer)
+    plain = not any(type(t).__name__ == "DTensor" for t in tree_flatten(optim_sd)[0])
+    if defer_optimizer and model_sd and optim_sd.get("state") and plain:
+        dcp.load({"model": model_sd, "optim": {"param_groups": optim_sd["param_groups"]}}, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        return DeferredOptimizerState(path, model, optimizer, optim_sd)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    if state["model"]:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return None
 
 
 class DeferredOptimizerState:

@@ -45,61 +45,12 @@ def test_save_restore_round_trip_and_keep(tmp_path):
         ck.save(step, model, opt, {"batcher": {"budget": 100 * step}})
     assert [s for s, _ in committed(tmp_path)] == [2, 3]  # keep=2 pruned step 1
     other, other_opt = model_and_optimizer(1)
-    restored = Checkpointer(str(tmp_path), keep=2, ctx=ctx)
-    meta = restored.restore(other, other_opt)
+    meta = Checkpointer(str(tmp_path), keep=2, ctx=ctx).restore(other, other_opt)
     assert meta["step"] == 3 and meta["trainer"]["batcher"]["budget"] == 300
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
-    restored.finish_restore()  # the optimizer's state, read on a thread (the next test)
     sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
     assert all(torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) for k in sa)
-
-
-def test_the_optimizer_state_is_read_beside_the_first_step_and_in_place_before_it(tmp_path, monkeypatch):
-    """restore() loads the model and returns; the optimizer's state is read on a thread and put
-    in place by a pre-hook of the first optimizer step, which then steps exactly as the saved
-    optimizer does, at the learning rate set for that step (not the checkpoint's). A failed read
-    is raised by that step."""
-    import rlkube.runtime.infra.checkpoint as checkpoint
-
-    ctx = DistContext()
-    model, opt = model_and_optimizer(0)
-    Checkpointer(str(tmp_path), keep=2, ctx=ctx).save(3, model, opt, {})
-    saved = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
-    other, other_opt = model_and_optimizer(1)
-    restored = Checkpointer(str(tmp_path), keep=2, ctx=ctx)
-    assert restored.restore(other, other_opt)["step"] == 3
-    assert restored._deferred is not None
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True))
-    x = torch.randn(5, 4)
-    for m, o in ((model, opt), (other, other_opt)):
-        o.zero_grad()
-        m(x).sum().backward()
-        o.param_groups[0]["lr"] = 0.03  # what the schedule sets for the step
-        o.step()
-    assert restored._deferred is None  # finished by the step's pre-hook
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True))
-    assert other_opt.param_groups[0]["lr"] == 0.03
-    other_opt.step()  # the hook is gone: a later step does not read again
-    # all at once, when asked
-    third, third_opt = model_and_optimizer(2)
-    eager = Checkpointer(str(tmp_path), keep=2, ctx=ctx)
-    eager.restore(third, third_opt, defer_optimizer=False)
-    assert eager._deferred is None
-    assert all(torch.equal(saved[i], third_opt.state[q]["exp_avg"]) for i, q in enumerate(third.parameters()))
-    # a read that fails is raised by the first step, on the training thread
-    real_load = checkpoint.dcp.load
-
-    def failing(state, *args, **kwargs):
-        if set(state) == {"optim"}:
-            raise OSError("shard unreadable")
-        return real_load(state, *args, **kwargs)
-
-    monkeypatch.setattr(checkpoint.dcp, "load", failing)
-    broken, broken_opt = model_and_optimizer(3)
-    Checkpointer(str(tmp_path), keep=2, ctx=ctx).restore(broken, broken_opt)
-    with pytest.raises(OSError, match="shard unreadable"):
-        broken_opt.step()
 
 
 def test_a_save_killed_before_commit_leaves_the_previous_one_latest(tmp_path):
@@ -190,12 +141,10 @@ def test_prepared_host_buffers_only_for_host_staging_and_the_first_save_fills_th
         assert ck._stager.state_dict_cache is prepared
         assert torch.equal(prepared["model"]["0.weight"], model[0].weight.detach())
     other, other_opt = model_and_optimizer(1)
-    restored = Checkpointer(str(tmp_path), keep=3, ctx=ctx)
-    restored.restore(other, other_opt)
+    Checkpointer(str(tmp_path), keep=3, ctx=ctx).restore(other, other_opt)
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
     assert other_opt.param_groups[0]["lr"] == 0.05
-    restored.finish_restore()
     sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
     assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
 

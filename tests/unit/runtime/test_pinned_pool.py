@@ -139,9 +139,7 @@ def test_device_snapshots_are_written_from_the_pool_and_restore(tmp_path, capsys
     assert [s for s, _ in committed(tmp_path)] == [1, 2]
     other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     other_opt = torch.optim.AdamW(other.parameters(), lr=0.1)
-    restored = Checkpointer(str(tmp_path), keep=3, ctx=ctx)
-    restored.restore(other, other_opt)
-    restored.finish_restore()  # the optimizer's state, read on a thread
+    Checkpointer(str(tmp_path), keep=3, ctx=ctx).restore(other, other_opt)
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
     sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]

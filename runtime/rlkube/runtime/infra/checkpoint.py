@@ -39,15 +39,6 @@ never one skipped); `wait()` is the end of training's (and SIGTERM's) "until it 
 time the step loop spends inside `save` (waiting + staging) is its stall, logged per save.
 A save may take more work on its staged copy (`with_staged`: the run's final export, written
 from the same host copy on a thread beside the shards' writer); `wait()` covers it too.
-
-Restore reads the model first. The optimizer's moments (two thirds of a full fine-tune's bytes:
-5.6 s of a 1.5B GRPO restart on an H100 went to reading the whole state) are needed only at the
-first optimizer step, so in a single process they are read into host memory on a thread while
-the first step generates and computes its gradients, and copied into the optimizer's state just
-before its first `step()` (a step pre-hook), or before a save or `prepare()` comes first. The
-reading thread touches no CUDA: a copy onto the device from another thread would break the decode
-graphs captured meanwhile. Several ranks (their reads are collective) and sharded states load
-everything before the first step, as before.
 """
 
 from __future__ import annotations
@@ -66,8 +57,7 @@ import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rlkube.runtime.infra.checkpoint_layout import META, STEP_DIR
 from rlkube.runtime.infra.compile_artifacts import write_attachments
@@ -248,7 +238,6 @@ class Checkpointer:
         self._preparing: threading.Thread | None = None
         self._pool: PinnedPool | None = None  # see reserve()
         self._staging = staging
-        self._deferred: DeferredOptimizerState | None = None  # restore()'s optimizer half, while it reads
         if background:
             # Pinned buffers kept between saves on CUDA; plain copies on CPU (no pinning there).
             self._stager = BlockingAsyncStager(cache_staged_state_dict=ctx.device.type == "cuda")
@@ -266,7 +255,6 @@ class Checkpointer:
         stager = self._stager
         if stager is None or not stager.cache_staged_state_dict or self._preparing is not None:
             return
-        self.finish_restore()
         model_sd, optim_sd = _state_dicts(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         if self._on_device(state):
@@ -325,7 +313,6 @@ class Checkpointer:
         background, with the live state otherwise."""
         t0 = time.perf_counter()
         self.wait()
-        self.finish_restore()  # a save before the first optimizer step (SIGTERM in the first step)
         if self._preparing is not None:  # the buffers prepare() allocates (done long since, normally)
             self._preparing.join()
         waited = time.perf_counter() - t0
@@ -490,12 +477,10 @@ class Checkpointer:
             if stale_tmp or uncommitted:
                 shutil.rmtree(p, ignore_errors=True)
 
-    def restore(self, model: torch.nn.Module, optimizer, defer_optimizer: bool = True) -> dict | None:
-        """Load the latest committed checkpoint into model and optimizer(s); its metadata, or None.
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+        """Load the latest committed checkpoint into model and optimizer; its metadata, or None.
         Rank 0 first raises the fence to this attempt (`claim`): a process of an older attempt
-        still running elsewhere can no longer commit. `defer_optimizer`: in a single process with
-        plain tensors, the optimizer's state is read on a thread and put in place before the first
-        optimizer step (module docstring; `finish_restore`)."""
+        still running elsewhere can no longer commit."""
         found = None
         if self.ctx.is_main:
             claim(self.root, attempt_from_env())
@@ -504,84 +489,9 @@ class Checkpointer:
         if not chosen:
             return None
         path = Path(chosen)
-        self._deferred = load(path, model, optimizer, defer_optimizer and not self.ctx.initialized)
-        if self._deferred is not None:  # before the first optimizer step, whichever steps first
-            self._deferred.hooks = [o.register_step_pre_hook(lambda *_: self.finish_restore())
-                                    for o in self._deferred.optimizers]
+        model_sd, optim_sd = _state_dicts(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        if state["model"]:
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return read_meta(path)
-
-    def finish_restore(self) -> None:
-        """The optimizer state that restore() left reading, put in place (waits for the read; re-raises
-        what failed it). Nothing to do after the first call, or when nothing was deferred."""
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            deferred.finish()
-
-
-def load(path: Path, model: torch.nn.Module, optimizer, defer_optimizer: bool) -> DeferredOptimizerState | None:
-    """Checkpoint `path` into model and optimizer(s). `defer_optimizer` (a single process) with plain
-    tensors: the model and the optimizer's hyperparameters now, the state's tensors read on a
-    thread (returned; they stay as get_state_dict made them until its finish())."""
-    model_sd, optim_sd = _state_dicts(model, optimizer)
-    plain = not any(type(t).__name__ == "DTensor" for t in tree_flatten(optim_sd)[0])
-    if defer_optimizer and model_sd and optim_sd.get("state") and plain:
-        dcp.load({"model": model_sd, "optim": {"param_groups": optim_sd["param_groups"]}}, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-        return DeferredOptimizerState(path, model, optimizer, optim_sd)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    if state["model"]:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return None
-
-
-class DeferredOptimizerState:
-    """The optimizer half of a restore: the state's tensors read into host memory on a thread (no
-    CUDA there), copied into the optimizer's own state tensors by `finish()` (Checkpointer.
-    finish_restore, which a step pre-hook on every optimizer calls first; the hooks go with the
-    first call). The groups' hyperparameters were restored with the model; finish() leaves them
-    as they are by then (the learning rate the schedule set for the step about to run)."""
-
-    def __init__(self, path: Path, model: torch.nn.Module, optimizers, optim_sd: dict) -> None:
-        self.model, self.optim_sd = model, optim_sd
-        self.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
-        self.host = tree_map_only(torch.Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype), optim_sd["state"])
-        self.error: BaseException | None = None
-        self.seconds: float | None = None  # the read's, once done
-        self.done = False
-        self.thread = threading.Thread(target=self._read, args=(path,), name="rlkube-restore-optimizer", daemon=True)
-        self.thread.start()
-        self.hooks: list = []  # the optimizers' step pre-hooks (Checkpointer.restore), removed by finish()
-
-    def _read(self, path: Path) -> None:
-        t0 = time.perf_counter()
-        try:
-            dcp.load({"optim": {"state": self.host}}, checkpoint_id=str(path), no_dist=True)
-        except BaseException as e:  # re-raised by finish(), on the training thread
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def finish(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        for hook in self.hooks:
-            hook.remove()
-        t0 = time.perf_counter()
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        with torch.no_grad():
-            for dst, src in zip(tree_flatten(self.optim_sd["state"])[0], tree_flatten(self.host)[0], strict=True):
-                if isinstance(dst, torch.Tensor):
-                    dst.copy_(src)
-        groups = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in self.optimizers]
-        # The same tensors, normally (get_state_dict hands out the optimizer's own); this also puts
-        # them back where something replaced them meanwhile (an offload for generation).
-        set_optimizer_state_dict(self.model, self.optimizers, self.optim_sd)
-        for o, kept in zip(self.optimizers, groups, strict=True):
-            for g, hyper in zip(o.param_groups, kept, strict=True):
-                g.update(hyper)
-        self.host = None
-        emit({"event": "restoreOptimizer", "readSeconds": round(self.seconds or 0.0, 3),
-              "waitSeconds": round(time.perf_counter() - t0, 3)})

@@ -13,7 +13,7 @@ stalls and evaluations count.
 
 What the JSON lines say besides steps (a checkpoint committed, the model exported, an
 evaluation) becomes a permanent line above the view (`event_line`); the records that only
-machines read (checkpointSave, checkpointStaged, restoreOptimizer) are left to the JSON format.
+machines read (checkpointSave, checkpointStaged) are left to the JSON format.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rlkube.runtime.infra.terminal import LiveLines
 from rlkube.runtime.trainers.record import StepRecord
 
 BAR_WIDTH = 20
-QUIET_EVENTS = frozenset({"checkpointSave", "checkpointStaged", "restoreOptimizer"})
+QUIET_EVENTS = frozenset({"checkpointSave", "checkpointStaged"})
 # An RL step's phases: (the step record's field, the view's word).
 RL_PHASES = (("generationSeconds", "generate"), ("scoringSeconds", "score"), ("trainingSeconds", "train"))
 

@@ -205,6 +205,9 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
         cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work, rollout)))
         # TORCH_LOGS=recompiles: each recompile and the guard that failed, on stderr (recompilesOf)
         env = cli_env(args.cpu, TORCH_LOGS="recompiles")
+        if args.cold:  # the job's own compile cache beside its checkpoints, not one the host shares
+            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+                env.pop(name, None)
         if args.eos_median and case != "dpo":
             hooks = work / "eos_hook"
             hooks.mkdir()
@@ -238,7 +241,8 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
             else:
                 again = summarize(case_name, recs, sampler, launched, exited)
                 first = next((r for r in recs if r.get("event") == "step"), {})
-                result["restart"] = {k: again[k] for k in ("steps", "launchToFirstStepSeconds", "startupSeconds")}
+                result["restart"] = {k: again[k] for k in ("steps", "launchToFirstStepSeconds", "startupSeconds",
+                                                           "firstStepPhaseSeconds")}
                 result["restart"] |= {"firstStep": first.get("step"), "compileCache": first.get("compileCache")}
         return result
     finally:
@@ -365,6 +369,8 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "lastStepToExitSeconds": round(exited - last_end, 2),
         "tailSeconds": next((r["tailSeconds"] for r in recs if r.get("event") == "tail"), None),
         "startupSeconds": steps[0].get("startupSeconds") or start.get("startupSeconds"),
+        # where the first step's time went, phase by phase (generate, score, forward_backward, ...)
+        "firstStepPhaseSeconds": steps[0].get("phaseSeconds"),
         "setupSeconds": start.get("setupSeconds"),
         "responseLengthMean": _mean([r.get("responseLengthMean") for r in after]),
         "decodeRowOccupancy": _mean([r.get("decodeRowOccupancy") for r in after]),
@@ -419,7 +425,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(tests/gpu/slow_reward.py), as a verifier does")
     ap.add_argument("--cold", action="store_true",
                     help="empty the host's page cache before each case's first launch (root), so the "
-                    "model is read from disk as on a fresh node")
+                    "model is read from disk as on a fresh node; and leave the compile cache to the job "
+                    "(beside its checkpoints) even where the host sets TORCHINDUCTOR_CACHE_DIR, so each "
+                    "case compiles from nothing and its restart finds only its own artifacts")
     ap.add_argument("--remote-env", type=int, default=0, metavar="SLOTS",
                     help="GRPO/PPO: score through roles.reward.remote, the reference environment "
                     "(images/environment/server.py) on loopback with SLOTS verifier slots, each completion "

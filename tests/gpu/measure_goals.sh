@@ -4,7 +4,7 @@
 #
 #   tests/gpu/measure_goals.sh OUT GROUP...      GROUP: util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml
 #                                                  plan-3b plan-7b-lora plan-before tail-restart env-pair
-#                                                  startup-profile image-bytecode
+#                                                  startup-profile image-bytecode dpo-restart
 #
 # util-dpo  busy, tokens/s and start-up of the DPO CLI path (~3 min)
 # dpo-pair  util-dpo, then bench_dpo.py on the same config (long-tailed, 32 pairs, 32k-token budget) in the
@@ -28,6 +28,8 @@
 #           loopback with 16 slots: the step's busy fraction both ways (~5 min)
 # startup-profile  profile_startup.py: GRPO started, restarted, and restarted under cProfile; each run's
 #           start-up split (restore included) and the profile's top functions (~3 min)
+# dpo-restart  DPO, 20 steps, a checkpoint at 20, the page cache emptied first, then a restart of 3 steps
+#           from it and its compile cache: the 15 s DPO restart goal (~3 min)
 # image-bytecode  compile the bytecode of every installed package beside its sources, as the runtime
 #           image has it (pip compiles at install; images/runtime/Dockerfile makes sure): run it before
 #           the groups above on a host whose install has none, so a cold start imports as a pod does (~1 min)
@@ -113,6 +115,9 @@ for group in "$@"; do
             --reward-ms 100 --remote-env 16 --json-out "$out/env-remote.json" ;;
     startup-profile)
         run startup-profile 400 python3 tests/gpu/profile_startup.py "$out/startup-profile" --case grpo ;;
+    dpo-restart)
+        run dpo-restart 400 python3 tests/gpu/bench_utilization.py --cases dpo --steps 20 --every 20 --restart 3 \
+            --cold --json-out "$out/dpo-restart.json" ;;
     image-bytecode)
         run image-bytecode 300 python3 -c 'import compileall, importlib.util, os, sysconfig
 paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
@@ -123,7 +128,7 @@ for name in ("torch", "transformers", "sympy", "numpy"):  # wherever the host in
 ok = all(compileall.compile_dir(p, quiet=1, workers=0) for p in sorted(paths) if os.path.isdir(p))
 print("compiled", sorted(paths), "ok" if ok else "with errors (modules that do not compile on this Python)")' ;;
     *)
-        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml plan-3b plan-7b-lora plan-before tail-restart env-pair startup-profile image-bytecode)" >&2
+        echo "unknown group $group (util-dpo dpo-pair util-rl grpo-trl grpo-trl-llama profile profile-rl dpo-trl nvml plan-3b plan-7b-lora plan-before tail-restart env-pair startup-profile image-bytecode dpo-restart)" >&2
         exit 2 ;;
     esac
 done

@@ -31,8 +31,8 @@ layers' first call, kernel choice, the allocator's growth), the next one capture
 every later one replays it. A bucket no step reaches (the early read lengths of a batch that
 compaction makes for the drain, the late ones of a rollout whose completions stop early) is never
 captured. Captures skip `torch.cuda.graph`'s release of every cached block (`empty_cache`, for
-device and pinned host memory) before each capture: done once per graph, it made the allocator
-give back and take again the memory of every other batch's caches.
+device and pinned host memory) before each capture, which would hand back, graph after graph,
+memory the decode loop then allocates again.
 
 Tokens: greedy completions are exactly those of the plain batched loop (same per-row arithmetic;
 a test checks it). Sampled completions come from the same distribution but not the same draws:

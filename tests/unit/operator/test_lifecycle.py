@@ -13,6 +13,7 @@ from operator_builders import FAST, at, job, node, running_world, with_status, w
 from rlkube.operator import lifecycle
 from rlkube.operator.api.observed import JobView, pod_views
 from rlkube.operator.planning.cluster import cluster_view
+from rlkube.operator.render.status import placement_from_status
 
 # -- lifecycle decisions ----------------------------------------------------------------------
 
@@ -65,6 +66,24 @@ def test_admission_interrupted_between_two_creates_is_finished():
     assert len(w.pods) == 4 and all(not p["spec"]["schedulingGates"] for p in w.pods.values())
 
 
+@pytest.mark.parametrize("created", [0, 2])
+def test_admitted_gang_whose_gpus_were_taken_before_its_creates_is_replanned(created):
+    """The admission was written, then the operator died with `created` of the 4 pods made: the
+    missing pods held no GPUs in any inventory, so another gang was planned onto them meanwhile.
+    Creating them would leave a gang that can never bind; it is planned again instead."""
+    w = world()
+    w.step(at(0), crash_after=2 + created)  # Service, ConfigMap, then `created` pods
+    assert w.status["admissionTime"] and len(w.pods) == created
+    planned = {p.node for p in placement_from_status(w.status["placement"]).pods}
+    w.other_pods = [with_status({"metadata": {"name": f"x-{n}"}, "spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "4"}}}]}}, "Running", node_name=n)
+        for n in sorted(planned)]
+    d = w.step(at(1))
+    assert d.action == "replan" and not d.create and w.status["attempt"] == 1 and w.status["restarts"] == 0
+    assert "planned node" in w.events[-1].message and not w.pods
+    w.other_pods = []  # the other gang is gone: the next plan fits and is admitted whole
+    d = w.step(at(2))
+    assert d.action == "create" and len(w.pods) == 4 and w.status["attempt"] == 1
 
 
 def test_plan_that_no_longer_fits_is_replanned_not_counted():

@@ -2,8 +2,11 @@
 
 Admission is recorded before it is acted on, so an operator that stopped half-way leaves an
 admitted gang with pods not yet created or gates not yet removed: those steps are finished here,
-since the decision to admit was made and written already; pods that still cannot be created
-after gangTimeoutSeconds end the attempt (GangTimeout). A pod that vanished after it started, or
+since the decision to admit was made and written already. Pods not created yet hold no GPUs in
+anyone's inventory, though: while the operator was down, another gang may have been planned onto
+them. So missing pods are created only while the plan still fits the free GPUs; when it does not,
+the gang is re-planned (attempt+1, not counted), as an unadmitted plan that no longer fits is.
+Pods that still cannot be created after gangTimeoutSeconds end the attempt (GangTimeout). A pod that vanished after it started, or
 a lost node (gone, out-of-service, or not Ready past its grace: lifecycle/node_loss.py), cannot be
 repaired in place: the gang is re-planned (attempt+1, not counted against backoffLimit).
 """
@@ -16,7 +19,8 @@ from rlkube.operator import render
 from rlkube.operator.api.observed import parse_time
 from rlkube.operator.lifecycle import node_loss, outcome
 from rlkube.operator.lifecycle.decider import Decider, Gang
-from rlkube.operator.lifecycle.decision import Decision, Ungate
+from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
+from rlkube.operator.planning.cluster import plan_fits
 
 
 def repair(d: Decider, gang: Gang) -> Decision | None:
@@ -41,7 +45,13 @@ def _repair(d: Decider, gang: Gang) -> Decision | None:
             timed_out = _gang_timed_out(d, gang)
             if timed_out is not None:
                 return timed_out
-            # The admitting step stopped before all creates went through: finish them.
+            # The admitting step stopped before all creates went through: finish them, if the
+            # GPUs the missing pods were planned on were not given to another gang meanwhile.
+            if d.cluster is None:
+                return NEED_CLUSTER
+            why = plan_fits(placement, d.cluster, spec.placement.gpus_per_pod)
+            if why is not None:
+                return d.teardown("Replan", f"gang not whole after admission: {why}", event_type="Normal")
             objects = [render.render_service(job.ref), render.render_configmap(job.ref, spec, placement.device_map)]
             pods = [render.render_pod(job.ref, spec, placement, plan, s.attempt, d.compile_cache()) for plan in gang.missing]
             ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in pods] if gang.gated_by_us else []

@@ -86,12 +86,36 @@ def read_buckets(prompt_len: int, max_new_tokens: int, length: int, buckets: int
     return sorted(points | {length})
 
 
+def scatter_slots(keys: torch.Tensor, values: torch.Tensor, layer: int, slot: torch.Tensor,
+                  key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    """Write each row's new key and value (`key_states`: [rows, heads, 1, dim]) at that row's
+    `slot` of layer `layer` of the stacked cache (`keys`: [layers, rows, heads, slots, dim]), in place."""
+    index = slot.view(-1, 1, 1, 1)
+    for cache, new in ((keys[layer], key_states), (values[layer], value_states)):
+        cache.scatter_(2, index.expand(-1, cache.shape[1], 1, cache.shape[3]), new)
+
+
+# `scatter_slots` as an operator of its own, for compiled decoder layers: the graph keeps the write
+# as this in-place scatter. Traced as tensor ops, the write made the graph return a copy of the
+# whole cache (a mutated graph input); excluded from tracing, it split every layer into four
+# graphs and ten traced frames (the break unwinds each wrapper of the attention's call).
+write_kv_slots = torch.library.custom_op("rlkube::write_kv_slots", mutates_args=("keys", "values"))(scatter_slots)
+
+
+@write_kv_slots.register_fake
+def _write_kv_slots_fake(keys, values, layer, slot, key_states, value_states) -> None:
+    return None
+
+
 class SlotCache(Cache):
-    """Per-layer keys and values of `rows` x `length` slots, the cache object HF attention layers
+    """Keys and values of `layers` x `rows` x `length` slots, the cache object HF attention layers
     call `update` on. Decode writes each row's new key at that row's own slot (`write_slot`) and
-    returns the first `read_len` slots; a prefill (`prefill_rows` set) writes the prompt's keys
-    into the first slots of those rows and returns them as they are (the prompt attends only to
-    itself). The model never builds a mask from this cache: it always gets a 4-D one. A `Cache`
+    returns the first `read_len` slots (`read_len` is the width of `read_mask`, the attention mask
+    of the step, so a compiled layer takes it as a dimension of its input, not a constant of each
+    bucket); a prefill (`prefill_rows` set) writes the prompt's keys into the first slots of those
+    rows and returns them as they are (the prompt attends only to itself). One tensor holds every
+    layer's keys (and one the values), so a compiled layer reaches its own by index, one graph for
+    all layers. The model never builds a mask from this cache: it always gets a 4-D one. A `Cache`
     subclass only so that isinstance checks in model code accept it; none of `Cache`'s per-layer
     machinery is used (`layers` stays empty)."""
 
@@ -99,31 +123,46 @@ class SlotCache(Cache):
 
     def __init__(self, layers: int, rows: int, length: int, device: torch.device):
         self.layers = []
-        self.rows, self.length = rows, length
-        self.keys: list[torch.Tensor | None] = [None] * layers
-        self.values: list[torch.Tensor | None] = [None] * layers
+        self.num_layers, self.rows, self.length = layers, rows, length
+        self.keys: torch.Tensor | None = None    # [layers, rows, kv heads, length, head dim]
+        self.values: torch.Tensor | None = None
         self.write_slot = torch.zeros(rows, dtype=torch.long, device=device)
-        self.read_len = length
+        self.read_mask: torch.Tensor | None = None  # the step's mask: its last dimension is the read length
         self.prefill_rows: torch.Tensor | None = None
 
-    # Never traced: with the decoder layers compiled (decode_layers.py) the write stays this
-    # in-place scatter between the layer's two graphs, instead of a graph that copies the cache.
-    @torch.compiler.disable
+    @property
+    def read_len(self) -> int:
+        """Slots the last decode step read (the whole cache before any)."""
+        return self.length if self.read_mask is None else self.read_mask.shape[-1]
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if self.keys[layer_idx] is None:
-            self.keys[layer_idx] = key_states.new_zeros(self.rows, key_states.shape[1], self.length, key_states.shape[3])
-            self.values[layer_idx] = value_states.new_zeros(self.rows, value_states.shape[1], self.length,
-                                                            value_states.shape[3])
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.prefill_rows is not None:
-            width = key_states.shape[2]
-            keys[:, :, :width].index_copy_(0, self.prefill_rows, key_states)
-            values[:, :, :width].index_copy_(0, self.prefill_rows, value_states)
-            return key_states, value_states
-        index = self.write_slot.view(-1, 1, 1, 1)
-        keys.scatter_(2, index.expand(-1, keys.shape[1], 1, keys.shape[3]), key_states)
-        values.scatter_(2, index.expand(-1, values.shape[1], 1, values.shape[3]), value_states)
-        return keys[:, :, : self.read_len], values[:, :, : self.read_len]
+            return self._prefill(key_states, value_states, layer_idx)
+        # Eagerly, the same write without the operator's dispatch (microseconds a layer).
+        write = write_kv_slots if torch.compiler.is_compiling() else scatter_slots
+        write(self.keys, self.values, layer_idx, self.write_slot, key_states, value_states)
+        read_len = self.read_mask.shape[-1]
+        # select, not indexing: an index specializes the layer's number (a graph per layer)
+        return (self.keys.select(0, layer_idx).narrow(2, 0, read_len),
+                self.values.select(0, layer_idx).narrow(2, 0, read_len))
+
+    # Prefills run eagerly (decode_layers.py); never traced.
+    @torch.compiler.disable
+    def _prefill(self, key_states, value_states, layer_idx):
+        if self.keys is None:
+            shape = (self.num_layers, self.rows, key_states.shape[1], self.length, key_states.shape[3])
+            self.keys = key_states.new_zeros(shape)
+            self.values = value_states.new_zeros(shape[:-1] + (value_states.shape[3],))
+            # Layers, heads and head size never change for a model: static in the compiled
+            # layers (fewer symbols to reason about while tracing, a quarter of the decode
+            # compile on CPU); rows and slots vary by batch and stay dynamic.
+            for t in (self.keys, self.values):
+                for dim in (0, 2, 4):
+                    torch._dynamo.mark_static(t, dim)
+        width = key_states.shape[2]
+        self.keys[layer_idx, :, :, :width].index_copy_(0, self.prefill_rows, key_states)
+        self.values[layer_idx, :, :, :width].index_copy_(0, self.prefill_rows, value_states)
+        return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -223,8 +262,9 @@ class DecodeBatch:
         self.mask.scatter_(3, slot.view(-1, 1, 1, 1), self.allowed)
         self.input_ids.copy_(token[:, None])
         self.position_ids.copy_((self.base_pos + self.gen_len - 1)[:, None])
-        self.cache.read_len = read_len
-        logits = self.decoder.step_forward(self.input_ids, self.position_ids, self.mask[..., :read_len], self.cache)
+        mask = self.mask[..., :read_len]
+        self.cache.read_mask = mask
+        logits = self.decoder.step_forward(self.input_ids, self.position_ids, mask, self.cache)
         self.logits.copy_(logits)
 
     def step(self, live: int) -> None:
@@ -291,8 +331,8 @@ class DecodeBatch:
         assert self.length == src.length and len(rows) <= self.rows
         k, index = len(rows), torch.tensor(rows, device=self.gen_len.device)
         for mine, theirs in ((self.cache.keys, src.cache.keys), (self.cache.values, src.cache.values)):
-            for layer, tensor in enumerate(mine):
-                tensor[:k] = theirs[layer].index_select(0, index)
+            for layer in range(mine.shape[0]):  # a layer at a time: the gather's copy stays one layer's
+                mine[layer, :k] = theirs[layer].index_select(0, index)
         for name in ("mask", "gen_len", "base_pos", "finished", "history", "logprob_history", "logits"):
             getattr(self, name)[:k] = getattr(src, name).index_select(0, index)
         self.mask[k:] = self.blocked

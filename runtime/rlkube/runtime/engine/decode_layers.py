@@ -1,13 +1,17 @@
-"""Decoder layers compiled for generation, with the KV cache written outside the compiled graphs.
+"""Decoder layers compiled for generation: one graph per layer, the KV cache write in it, in place.
 
 Why: a decode step of a 1.5B model at batch 256 launched ~1,300 kernels, ~1,200 of them small
 (RMSNorm's six or seven element-wise kernels, rotary embedding's slices and concatenations,
 SiLU times the up projection, residual adds): ~2.7 ms of a 7.3 ms step (docs/benchmarks.md,
 "Rollout"). `torch.compile` fuses those into a few Triton kernels around the matmuls. Compiling
 the whole forward was tried and was slower: the cache write inside the graph became a copy of
-the whole KV cache per layer (a mutated graph input). Here the cache's `update`
-(decode_batch.SlotCache) is excluded from tracing, so each layer compiles into the part before
-the cache write and the part after it, and the write stays the in-place scatter it is eagerly.
+the whole KV cache per layer (a mutated graph input). Here the write is an operator of its own
+(decode_batch.write_kv_slots) that the graph calls in place on the cache, so each layer is one
+graph, the write included. Excluding the write from tracing instead, as was done first, broke
+every layer into four graphs, and each wrapper around the attention's call (transformers'
+deprecation and kernel-hub wrappers) into frames dynamo traced twice: ten traced frames where
+one does, which every start and restart paid (on CPU, 11.6 s of decode compile against 8.7 s
+with one graph and the cache's fixed dimensions static, both with every artifact cached).
 
 Within the context, every decoder layer that is not compiled already runs through a compiled
 copy of its call (made once per layer and kept, dynamic in the batch and length dimensions, so
@@ -18,7 +22,7 @@ and a prefill is one forward per refill against a decode step per token. On exit
 are as they were, so training is unaffected. A layer its trainer compiled for training
 (models.compile_layers: PPO/GRPO with `model.compile: layers`) generates through this context's
 call too, or eagerly when this one is off, and gets its own back on exit: its training graph
-would write the cache inside the graph.
+is compiled for training shapes and settings, not for decoding.
 """
 
 from __future__ import annotations
@@ -49,10 +53,9 @@ class CompiledDecodeLayers:
         self.swapped: list[tuple[torch.nn.Module, object]] = []  # (layer, the call it had before)
 
     def __enter__(self):
-        # The attention's frame is traced apart from its layer's (the cache write breaks the
-        # graph inside it), and dynamo takes a module's int attributes as constants: without
-        # this each layer's `layer_idx` compiled its own attention graph, and past the eighth the
-        # recompile limit left the rest uncompiled.
+        # Dynamo takes a module's int attributes as constants: without this each layer's
+        # `layer_idx` (the cache's layer it selects) compiled its own graph, and past the eighth
+        # the recompile limit left the rest uncompiled.
         self._unspec_ints = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=self.enabled)
         self._unspec_ints.__enter__()
         # Dynamo gives two dimensions of equal size one symbol ("duck sizing"): a batch of 128 rows

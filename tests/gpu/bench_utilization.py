@@ -103,11 +103,13 @@ _handle = torch.nn.modules.module.register_module_forward_hook(_find_head)
 """
 
 
-def save_model(shape: str, path: Path, cuda: bool) -> None:
+def save_model(shape: str, path: Path, cuda: bool, layers: int | None = None) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = dict(SHAPES[shape])
+    if layers:
+        fields["num_hidden_layers"] = layers
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
@@ -200,7 +202,7 @@ def run_case(case: str, args, gpu_sampler_gpu: str | None, rollout: dict | None 
     environment = None
     try:
         model_dir = work / "model"
-        save_model(args.shape, model_dir, cuda=not args.cpu)
+        save_model(args.shape, model_dir, cuda=not args.cpu, layers=args.layers)
         cfg_path = work / "run.yaml"
         cfg_path.write_text(yaml.safe_dump(case_config(case, args, model_dir, work, rollout)))
         # TORCH_LOGS=recompiles: each recompile and the guard that failed, on stderr (recompilesOf)
@@ -405,6 +407,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--every", type=int, default=None, help="checkpoint every N steps (default 20; tiny 2)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model and small batches (dry run)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: run on CPU, no nvidia-smi")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the shape with this many decoder layers (--tiny --cpu --layers 28: the start-up "
+                    "and compile of a 28-layer model on CPU, as deep as Qwen2.5-1.5B)")
     ap.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0",
                     help="the GPU nvidia-smi samples (the one the run uses)")
     ap.add_argument("--compile", default="auto", choices=["auto", "layers", "off"],

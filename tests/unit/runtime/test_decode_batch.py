@@ -251,3 +251,28 @@ def test_a_buckets_graph_is_captured_at_its_third_step_and_an_unreached_bucket_n
     # its 128-slot graph, which capturing every bucket up front made, is never captured.
     assert (full, 64) in reached and (full, 128) not in reached, sorted(reached)
     assert reached[(small, 128)][decode_batch.CAPTURE_AFTER] == "capture"
+
+
+def test_the_slot_cache_writes_each_rows_slot_in_place_and_refuses_layers_of_another_shape():
+    cache = SlotCache(layers=2, rows=3, length=16, device=torch.device("cpu"))
+    cache.prefill_rows = torch.arange(3)
+    for layer in range(2):
+        cache.update(torch.ones(3, 2, 4, 8) * (layer + 1), torch.ones(3, 2, 4, 8), layer)
+    cache.prefill_rows = None
+    keys = cache.keys
+    cache.write_slot.copy_(torch.tensor([4, 7, 5]))
+    cache.read_mask = torch.zeros(3, 1, 1, 8, dtype=torch.bool)
+    k, v = cache.update(torch.full((3, 2, 1, 8), 9.0), torch.full((3, 2, 1, 8), 9.0), 1)
+    assert cache.keys is keys and k.shape == (3, 2, 8, 8) and k.data_ptr() == keys[1].data_ptr()
+    assert [int(i) for i in (k[:, 0, :, 0] == 9).nonzero()[:, 1]] == [4, 7, 5]  # each row at its own slot
+    assert bool((keys[0, :, :, :4] == 1).all()) and not bool((keys[0] == 9).any())  # layer 0 untouched
+    # the compiled layers' write: the same as an operator
+    torch.ops.rlkube.write_kv_slots(cache.keys, cache.values, 0, cache.write_slot, torch.full((3, 2, 1, 8), 5.0),
+                                    torch.full((3, 2, 1, 8), 5.0))
+    assert [int(i) for i in (keys[0, :, 0, :, 0] == 5).nonzero()[:, 1]] == [4, 7, 5]
+    # a layer of another shape (per-layer key/value heads) is refused by name, not written wrong
+    other = SlotCache(layers=2, rows=3, length=16, device=torch.device("cpu"))
+    other.prefill_rows = torch.arange(3)
+    other.update(torch.ones(3, 2, 4, 8), torch.ones(3, 2, 4, 8), 0)
+    with pytest.raises(ValueError, match="decoder layer 1 has 4 key/value heads"):
+        other.update(torch.ones(3, 4, 4, 8), torch.ones(3, 4, 4, 8), 1)

@@ -29,8 +29,9 @@ One policy, one file. `rules.decide` asks them in this order; the first that dec
   Volcano or Kueue admission is theirs: no gate, no gang timeout
 - node loss (`node_loss`): a node of the admitted gang gone, out-of-service, or not Ready past its
   grace: its pods force-deleted, the gang re-planned (counted only with Settings.node_lost_counts)
-- repair (`repair`): an admitted gang not whole: finish creates and gate removals cut short; a
-  vanished pod re-plans; pods not created within gangTimeoutSeconds re-plan
+- repair (`repair`): an admitted gang not whole: finish creates (while the plan still fits the
+  free GPUs, else re-plan) and gate removals cut short; a vanished pod re-plans; pods not created
+  within gangTimeoutSeconds re-plan
 - outcome (`outcome`): an exit code in failOnExitCodes fails the job; another failure is a restart
   (`restart`); an eviction re-plans, not counted; all Succeeded is success; pods not all bound
   within gangTimeoutSeconds re-plan

@@ -6,9 +6,10 @@ since the decision to admit was made and written already. Pods not created yet h
 anyone's inventory, though: while the operator was down, another gang may have been planned onto
 them. So missing pods are created only while the plan still fits the free GPUs; when it does not,
 the gang is re-planned (attempt+1, not counted), as an unadmitted plan that no longer fits is.
-Pods that still cannot be created after gangTimeoutSeconds end the attempt (GangTimeout). A pod that vanished after it started, or
-a lost node (gone, out-of-service, or not Ready past its grace: lifecycle/node_loss.py), cannot be
-repaired in place: the gang is re-planned (attempt+1, not counted against backoffLimit).
+Pods that still cannot be created after gangTimeoutSeconds end the attempt (GangTimeout). A pod
+that vanished after it started, or a lost node (gone, out-of-service, or not Ready past its
+grace: lifecycle/node_loss.py), cannot be repaired in place: the gang is re-planned (attempt+1,
+not counted against backoffLimit).
 """
 
 from __future__ import annotations

@@ -82,11 +82,9 @@ def admit(d: Decider, gang: Gang) -> Decision:
                         action="create", create=objects)
     gated = gang.gated
     if gang.gated_by_us and gated:
-        if d.cluster is None:
-            return NEED_CLUSTER
-        why = plan_fits(placement, d.cluster, spec.placement.gpus_per_pod)
-        if why is not None:
-            return d.teardown("Replan", f"gang not admitted: {why}", event_type="Normal")
+        unfit = replan_unless_fits(d, gang, "gang not admitted")
+        if unfit is not None:
+            return unfit
         s.admission_time = format_time(d.now)
         d.event("Normal", "Admitted",
                 f"all {len(gang.current)} pods exist and the plan fits: scheduling gates removed")
@@ -97,6 +95,15 @@ def admit(d: Decider, gang: Gang) -> Decision:
     # Nothing of ours gates the pods (Volcano/Kueue admit), or the gates are already off.
     s.admission_time = format_time(d.now)
     return d.finish("Scheduling", "Admitted", "pods handed to the scheduler", action="admit")
+
+
+def replan_unless_fits(d: Decider, gang: Gang, what: str) -> Decision | None:
+    """None when the gang's plan still fits the free GPUs; else the re-plan (attempt+1, not
+    counted) that says `what` and why, or NEED_CLUSTER to find out."""
+    if d.cluster is None:
+        return NEED_CLUSTER
+    why = plan_fits(gang.placement, d.cluster, gang.spec.placement.gpus_per_pod)
+    return None if why is None else d.teardown("Replan", f"{what}: {why}", event_type="Normal")
 
 
 def _why_unplaceable(reason: str, cluster: Cluster, holders: Sequence[str] = ()) -> str:

@@ -19,9 +19,9 @@ from dataclasses import replace
 from rlkube.operator import render
 from rlkube.operator.api.observed import parse_time
 from rlkube.operator.lifecycle import node_loss, outcome
+from rlkube.operator.lifecycle.admission import replan_unless_fits
 from rlkube.operator.lifecycle.decider import Decider, Gang
-from rlkube.operator.lifecycle.decision import NEED_CLUSTER, Decision, Ungate
-from rlkube.operator.planning.cluster import plan_fits
+from rlkube.operator.lifecycle.decision import Decision, Ungate
 
 
 def repair(d: Decider, gang: Gang) -> Decision | None:
@@ -48,11 +48,9 @@ def _repair(d: Decider, gang: Gang) -> Decision | None:
                 return timed_out
             # The admitting step stopped before all creates went through: finish them, if the
             # GPUs the missing pods were planned on were not given to another gang meanwhile.
-            if d.cluster is None:
-                return NEED_CLUSTER
-            why = plan_fits(placement, d.cluster, spec.placement.gpus_per_pod)
-            if why is not None:
-                return d.teardown("Replan", f"gang not whole after admission: {why}", event_type="Normal")
+            unfit = replan_unless_fits(d, gang, "gang not whole after admission")
+            if unfit is not None:
+                return unfit
             objects = [render.render_service(job.ref), render.render_configmap(job.ref, spec, placement.device_map)]
             pods = [render.render_pod(job.ref, spec, placement, plan, s.attempt, d.compile_cache()) for plan in gang.missing]
             ungate = [Ungate(o["metadata"]["name"], 0, s.attempt) for o in pods] if gang.gated_by_us else []

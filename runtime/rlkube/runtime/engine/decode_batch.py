@@ -141,7 +141,7 @@ class SlotCache(Cache):
         # Eagerly, the same write without the operator's dispatch (microseconds a layer).
         write = write_kv_slots if torch.compiler.is_compiling() else scatter_slots
         write(self.keys, self.values, layer_idx, self.write_slot, key_states, value_states)
-        read_len = self.read_mask.shape[-1]
+        read_len = self.read_len
         # select, not indexing: an index specializes the layer's number (a graph per layer)
         return (self.keys.select(0, layer_idx).narrow(2, 0, read_len),
                 self.values.select(0, layer_idx).narrow(2, 0, read_len))

@@ -295,6 +295,13 @@ def load(layout, nodes, image: ImageArchive) -> None:
                 continue
         proc = ctr(layout, node, "images", "import", "--no-unpack=false", str(image.path), check=False)
         if proc.returncode != 0:
+            # The node's root is kept between clusters, and an earlier image of this name can
+            # leave it holding a snapshot chain it cannot extend ("parent snapshot ... does not
+            # exist", seen once the runtime image's inputs changed). Drop the image, let
+            # containerd collect what only it held, and import the archive whole once more.
+            ctr(layout, node, "images", "rm", "--sync", image.ref, check=False)
+            proc = ctr(layout, node, "images", "import", "--no-unpack=false", str(image.path), check=False)
+        if proc.returncode != 0:
             raise RuntimeError(f"loading {image.ref} into {node.name} failed: {proc.stderr.strip()}")
         _drop_layer_blobs(layout, node, image.ref)
         marker.parent.mkdir(parents=True, exist_ok=True)

@@ -219,24 +219,49 @@ def fixed_case(model, graphs, repeat_kv, batch: int, args, device, dtype, setup)
     ours, _ = run_ours(graphs, ids, mask, new, device, 2)
     ours_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     graphs.release()
-    no_gqa, _ = run_ours(repeat_kv, ids, mask, new, device, 3)
-    repeat_kv.release()
-    # ablation: attention over the whole cache every step (one read-length bucket)
-    graphs.length_buckets = 1
-    run_ours(graphs, ids, mask, new, device, 4)
-    full_read, _ = run_ours(graphs, ids, mask, new, device, 5)
-    graphs.length_buckets = decode_batch.BUCKETS
-    graphs.release()
+    ablations = set(args.ablations.split(","))
+    no_gqa = full_read = sdpa_decode = unfused = None
+    if "hf-sdpa" in ablations:
+        no_gqa, _ = run_ours(repeat_kv, ids, mask, new, device, 3)
+        repeat_kv.release()
+    if "sdpa-decode" in ablations:
+        # sdpa over the read length (grouped-query packed) instead of the live-slot kernel; then
+        # also the unfused sampler: the decode step before either kernel
+        graphs.live_attention = False
+        run_ours(graphs, ids, mask, new, device, 6)
+        sdpa_decode, _ = run_ours(graphs, ids, mask, new, device, 7)
+        graphs.release()
+        graphs.fused_sampling = False
+        run_ours(graphs, ids, mask, new, device, 8)
+        unfused, _ = run_ours(graphs, ids, mask, new, device, 9)
+        graphs.live_attention = graphs.fused_sampling = True
+        graphs.release()
+    if "full-read" in ablations:
+        # attention over the whole cache every step (one read-length bucket)
+        graphs.length_buckets = 1
+        run_ours(graphs, ids, mask, new, device, 4)
+        full_read, _ = run_ours(graphs, ids, mask, new, device, 5)
+        graphs.length_buckets = decode_batch.BUCKETS
+        graphs.release()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     tokens = batch * new
+
+    def rate(seconds):
+        return tokens / seconds if seconds else None
+
+    def per_step(seconds):
+        return 1e3 * seconds / new if seconds else None
+
     floor = floor_seconds_per_step(model, batch, args.prompt_tokens, new, torch.finfo(dtype).bits // 8)
     return {
         "case": f"rollout batch {batch}", "batch": batch,
         "ours_tokens_per_s": tokens / ours, "hf_static_tokens_per_s": tokens / hf_static,
         "ratio": hf_static / ours, "hf_tokens_per_s": tokens / hf, "ratio_vs_hf_dynamic": hf / ours,
-        "ours_hf_sdpa_decode_tokens_per_s": tokens / no_gqa, "hf_trl_style_tokens_per_s": tokens / hf_trl,
-        "ours_full_cache_read_tokens_per_s": tokens / full_read,
+        "ours_hf_sdpa_decode_tokens_per_s": rate(no_gqa), "hf_trl_style_tokens_per_s": tokens / hf_trl,
+        "ours_full_cache_read_tokens_per_s": rate(full_read),
+        "ours_sdpa_decode_ms_per_step": per_step(sdpa_decode),
+        "ours_sdpa_decode_unfused_sampler_ms_per_step": per_step(unfused),
         "ours_first_call_s": first, "graph_capture_s": capture, "cuda_graphs_used": graphs.cuda_graphs,
         "ours_ms_per_step": 1e3 * ours / new, "hf_static_ms_per_step": 1e3 * hf_static / new,
         "floor_ms_per_step": 1e3 * floor, "ours_floor_fraction": floor / (ours / new),
@@ -247,19 +272,25 @@ def fixed_case(model, graphs, repeat_kv, batch: int, args, device, dtype, setup)
     }
 
 
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def print_tables(results: list[dict]) -> None:
     fixed = [r for r in results if "batch" in r]
     if fixed:
         print("\n| case | ours tok/s | HF static compiled tok/s | ratio | HF dynamic tok/s | HF TRL-style tok/s | "
-              "ours w/ HF sdpa decode tok/s | ours w/ full-cache reads tok/s | ours ms/step | floor ms/step | "
+              "ours w/ HF sdpa decode tok/s | ours w/ full-cache reads tok/s | ours w/ sdpa decode ms/step | "
+              "ours w/ sdpa decode, unfused sampler ms/step | ours ms/step | floor ms/step | "
               "floor fraction | peak GiB ours/HF |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in fixed:
         peaks = f"{r['ours_peak_gib']:.1f}/{r['hf_peak_gib']:.1f}" if r["ours_peak_gib"] else "-"
         print(f"| {r['case']} | {r['ours_tokens_per_s']:,.0f} | {r['hf_static_tokens_per_s']:,.0f} | "
               f"{r['ratio']:.2f}x | {r['hf_tokens_per_s']:,.0f} | {r['hf_trl_style_tokens_per_s']:,.0f} | "
-              f"{r['ours_hf_sdpa_decode_tokens_per_s']:,.0f} | {r['ours_full_cache_read_tokens_per_s']:,.0f} | "
-              f"{r['ours_ms_per_step']:.2f} | "
+              f"{fmt(r['ours_hf_sdpa_decode_tokens_per_s'], ',.0f')} | {fmt(r['ours_full_cache_read_tokens_per_s'], ',.0f')} | "
+              f"{fmt(r['ours_sdpa_decode_ms_per_step'], '.2f')} | "
+              f"{fmt(r['ours_sdpa_decode_unfused_sampler_ms_per_step'], '.2f')} | {r['ours_ms_per_step']:.2f} | "
               f"{r['floor_ms_per_step']:.2f} | {r['ours_floor_fraction']:.2f} | {peaks} |")
     for r in results:
         if "rows" not in r:
@@ -293,6 +324,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shape and small cases: a dry run of every path")
     ap.add_argument("--compile-layers", action="store_true",
                     help="rlkube decodes through compiled decoder layers (engine/decode_layers.py)")
+    ap.add_argument("--ablations", default="hf-sdpa,sdpa-decode,full-read",
+                    help="rlkube's loop with one part swapped, fixed cases: hf-sdpa (HF's decode attention, KV heads "
+                    "repeated), sdpa-decode (sdpa over the read length instead of the live-slot kernel, then also "
+                    "the unfused sampler), full-read (one read-length bucket)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.tiny:

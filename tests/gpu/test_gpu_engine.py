@@ -176,3 +176,25 @@ def test_log_probs_recorded_in_the_cuda_graphs_are_the_training_forwards(monkeyp
     assert float(gap.mean()) < 0.02, (float(gap.mean()), float(gap.max()))
     assert float((out.logprobs - untempered)[resp].abs().mean()) > 5 * max(float(gap.mean()), 0.01)
     assert out.logprobs[~resp].abs().sum() == 0
+
+
+@pytest.mark.parametrize("rows,q_heads,kv_heads,dim", [(256, 12, 2, 128), (64, 32, 8, 64), (7, 14, 2, 64)])
+def test_live_decode_attention_matches_sdpa_in_bf16(rows, q_heads, kv_heads, dim):
+    """The live-slot decode kernel (engine/decode_attention.py) on the card: Qwen2.5-1.5B's and
+    Llama-3.2-1B's heads, rows of every live length with left padding, against sdpa in fp32."""
+    from rlkube.runtime.engine import decode_attention as da
+
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    read, slots = 448, 456
+    keys = torch.randn(2, rows, kv_heads, slots, dim, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    values = torch.randn(2, rows, kv_heads, slots, dim, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    key, value = keys.select(0, 1).narrow(2, 0, read), values.select(0, 1).narrow(2, 0, read)
+    query = torch.randn(rows, q_heads, 1, dim, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    live = torch.randint(1, read + 1, (rows,), device=DEVICE, generator=g)
+    pad = (torch.rand(rows, device=DEVICE, generator=g) * live.float() * 0.5).long()
+    slot = torch.arange(slots, device=DEVICE)
+    mask = ((slot[None] >= pad[:, None]) & (slot[None] < live[:, None]))[:, None, None, :]
+    assert da.supported(query, key, mask[..., :read])
+    got = da.live_decode_attention(query, key, value, mask[..., :read], None)
+    want = da.reference(query, key, value, mask[..., :read], None)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

@@ -15,8 +15,11 @@ write slot and position. One decode step is: sample the next token from the prev
 logits (on the logits as the model returned them, bf16 on GPU), record it and its log-prob
 (sampling.sampled_logprobs: one fp32 logsumexp over the vocabulary), advance the row's
 counters, open its new slot in the attention mask, and run the model's forward for the new
-tokens. On CUDA that whole step is one captured graph (sampling included: the graph's own
-generator is registered with it and seeded once per call), so a step costs one graph launch and
+tokens. On CUDA, plain sampling (no top-k or top-p) and its log-prob are one kernel that reads
+the logits once (sampling_kernel.py), and the forward's attention reads only live cache blocks
+(decode_attention.py). On CUDA that whole step is one captured graph (sampling included: the
+graph's own generator is registered with it and seeded once per call, the fused sampler's seed
+is a device counter the step advances), so a step costs one graph launch and
 no host sync; the host asks for the finished flags every `EOS_CHECK_EVERY` steps, which is when
 rows are harvested and refilled.
 
@@ -52,6 +55,7 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import Cache
 
+from rlkube.runtime.engine import sampling_kernel
 from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
 
 log = logging.getLogger(__name__)
@@ -180,6 +184,10 @@ class DecodeModel(Protocol):
 
     model: torch.nn.Module
     length_buckets: int  # read-length buckets (graphs) per batch
+    fused_sampling: bool  # sample in sampling_kernel.py's one pass where it applies
+
+    def batch_key(self, rows: int, prompt_len: int, params: SamplingParams) -> tuple:
+        """What a batch's graphs depend on: a batch whose key differs is built anew."""
 
     def mask_form(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean 'may attend' mask in the form the model's attention takes."""
@@ -203,13 +211,14 @@ class DecodeBatch:
         device = next(model.parameters()).device
         self.decoder, self.params = decoder, params
         self.rows, self.prompt_len = rows, prompt_len
-        self.weights = tuple(p.data_ptr() for p in model.parameters())
-        self.key = (rows, prompt_len, params, self.weights, decoder.length_buckets)
+        self.key = decoder.batch_key(rows, prompt_len, params)
         self.length = _round_up(prompt_len + params.max_new_tokens, LENGTH_STEP)
         self.buckets = read_buckets(prompt_len, params.max_new_tokens, self.length, decoder.length_buckets)
         slots = self.length + SPARE_SLOTS
         self.cache = SlotCache(model.config.num_hidden_layers, rows, slots, device)
         self.rng = torch.Generator(device=device)
+        # The fused sampler's seed (sampling_kernel.py): advanced by every step, inside the graphs too.
+        self.sample_seed = torch.zeros((), dtype=torch.long, device=device)
         self.mask = decoder.mask_form(torch.zeros(rows, 1, 1, slots, dtype=torch.bool, device=device))
         self.allowed = decoder.mask_form(torch.ones(rows, 1, 1, 1, dtype=torch.bool, device=device))
         self.blocked = decoder.mask_form(torch.zeros((), dtype=torch.bool, device=device))
@@ -251,9 +260,14 @@ class DecodeBatch:
         """Sample from the last logits, record, advance, and run the forward of the new tokens."""
         p = self.params
         active = ~self.finished
-        sampled = sample_tokens(self.logits, p, self.rng)
+        if self.decoder.fused_sampling and sampling_kernel.fused(self.logits, p):  # one pass over the logits
+            sampled, sampled_logprob = sampling_kernel.sample_with_logprobs(self.logits, p, self.sample_seed)
+            self.sample_seed.add_(1)
+        else:
+            sampled = sample_tokens(self.logits, p, self.rng)
+            sampled_logprob = sampled_logprobs(self.logits, sampled, p)
         token = torch.where(active, sampled, p.pad_token_id)
-        logprob = torch.where(active, sampled_logprobs(self.logits, sampled, p), 0.0)
+        logprob = torch.where(active, sampled_logprob, 0.0)
         self.history.scatter_(1, self.gen_len[:, None], token[:, None])
         self.logprob_history.scatter_(1, self.gen_len[:, None], logprob[:, None])
         self.gen_len.add_(active.long())
@@ -328,8 +342,10 @@ class DecodeBatch:
 
     # -- rows ----------------------------------------------------------------------------------
     def seed(self, seed: int) -> None:
-        """Seed this batch's sampling (its generator is registered with its graphs)."""
+        """Seed this batch's sampling (its generator is registered with its graphs; the fused
+        sampler's seed tensor is advanced by the step itself)."""
         self.rng.manual_seed(seed)
+        self.sample_seed.fill_(seed)
 
     def adopt(self, src: DecodeBatch, rows: list[int]) -> None:
         """Take over rows `rows` of `src` (same prompt width and sampling) as rows 0..k-1; the

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlkube.runtime.engine import decode_attention as live_kernel
 from rlkube.runtime.engine.attention import attention_mode, swapped
 from rlkube.runtime.engine.decode_batch import BUCKETS, DecodeBatch, decode
 from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
@@ -68,12 +69,15 @@ class GenerationOutput:
         return int(self.response_mask.sum())
 
 
-# Decode attention for grouped-query models. With a mask, HF's sdpa path (transformers 5.17)
-# repeats every key/value head `groups` times before calling the kernel: at batch 256 that
-# writes and re-reads ~6x the KV cache per layer per token. For one query token the groups can
-# instead ride in the query-length dimension ([B, Hq, 1, D] -> [B, Hkv, G, D]), so the kernel
-# reads each cached key/value once. Prefill and non-grouped models use HF's sdpa unchanged.
+# Decode attention. With a mask, HF's sdpa path (transformers 5.17) repeats every key/value head
+# `groups` times before calling the kernel: at batch 256 that writes and re-reads ~6x the KV cache
+# per layer per token. For one query token the groups can instead ride in the query-length
+# dimension ([B, Hq, 1, D] -> [B, Hkv, G, D]), so the kernel reads each cached key/value once
+# (`_gqa_decode_attention`). On CUDA the decode step goes further (`_live_decode_attention`,
+# decode_attention.py): a split-KV kernel that also skips every block of slots no row has a live
+# token in, where sdpa reads the whole read length of every row. Prefill uses HF's sdpa unchanged.
 _GQA_DECODE = "rlkube_gqa_decode_sdpa"
+_LIVE_DECODE = "rlkube_live_decode"
 
 
 def _gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -90,9 +94,19 @@ def _gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-def decode_attention(model, enabled: bool):
-    """Within: the model's sdpa layers use `_gqa_decode_attention` (its own attention on exit)."""
-    return swapped(model, _GQA_DECODE, _gqa_decode_attention,
+def _live_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                           **kwargs):
+    if live_kernel.supported(query, key, attention_mask) and key.shape[-1] == value.shape[-1]:
+        return live_kernel.live_decode_attention(query, key, value, attention_mask, scaling), None
+    return _gqa_decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                 is_causal=is_causal, **kwargs)
+
+
+def decode_attention(model, enabled: bool, live: bool = True):
+    """Within: the model's sdpa layers decode with `_live_decode_attention` (with `live`) or
+    `_gqa_decode_attention`; its own attention on exit."""
+    name, function = (_LIVE_DECODE, _live_decode_attention) if live else (_GQA_DECODE, _gqa_decode_attention)
+    return swapped(model, name, function,
                    enabled=enabled and getattr(model.config, "_attn_implementation", None) == "sdpa")
 
 
@@ -137,6 +151,8 @@ class Decoder:
         self.batch_rows, self.refill = batch_rows, refill
         self._cache_kwarg = _cache_kwarg(model)
         self.gqa_decode = True  # see _gqa_decode_attention; off only to measure its effect
+        self.live_attention = True  # see _live_decode_attention; off only to measure its effect
+        self.fused_sampling = True  # sampling_kernel.py where it applies; off only to measure its effect
         self.length_buckets = BUCKETS  # read-length buckets (graphs) per cache; 1 only to measure their effect
         # Move the last busy rows into smaller batches once nothing waits (decode_batch.decode).
         # Each size keeps its own cache and graphs, up to twice the memory of the full batch.
@@ -206,7 +222,7 @@ class Decoder:
             return self._generate(input_ids, prompt_mask, params, generator, rows)
 
     def _generate(self, input_ids, prompt_mask, params: SamplingParams, generator, rows: int) -> GenerationOutput:
-        with decode_attention(self.model, self.gqa_decode), self.compiled_layers:
+        with decode_attention(self.model, self.gqa_decode, self.live_attention), self.compiled_layers:
             if not self.static_cache:
                 if self.refill and rows < input_ids.shape[0]:
                     from rlkube.runtime.infra.log import warn_once
@@ -227,9 +243,14 @@ class Decoder:
             self.last_stats["captureSeconds"] = round(self.capture_seconds_total - captured_before, 3)
         return GenerationOutput(input_ids, prompt_mask, response, response_mask, logprobs)
 
-    def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
+    def batch_key(self, rows: int, prompt_len: int, params: SamplingParams) -> tuple:
+        """What a decode batch's graphs depend on (decode_batch.DecodeModel): its shape, the
+        sampling, the parameters' storage (an FSDP unshard into fresh memory) and the step's parts."""
         weights = tuple(p.data_ptr() for p in self.model.parameters())
-        if self._batch is not None and self._batch.key == (rows, prompt_len, params, weights, self.length_buckets):
+        return (rows, prompt_len, params, weights, self.length_buckets, self.live_attention, self.fused_sampling)
+
+    def _decode_batch(self, rows: int, prompt_len: int, params: SamplingParams) -> DecodeBatch:
+        if self._batch is not None and self._batch.key == self.batch_key(rows, prompt_len, params):
             return self._batch
         self.release()  # one set of caches resident at a time: drop the old one before allocating
         self._batch = self._new_batch(rows, prompt_len, params)

@@ -46,8 +46,8 @@ def kernel_profile(decoder: Decoder, read_len: int, top: int = 12) -> dict:
 
     batch = decoder._batch
     steps = 3
-    # The decoder's own attention (grouped-query decode, its sdpa kernel), as inside generate.
-    with decode_attention(decoder.model, decoder.gqa_decode), decoder.compiled_layers:
+    # The decoder's own attention (the live-slot kernel on CUDA), without autograd, as inside generate.
+    with torch.no_grad(), decode_attention(decoder.model, decoder.gqa_decode), decoder.compiled_layers:
         batch._step(read_len)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

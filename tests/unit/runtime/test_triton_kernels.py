@@ -160,3 +160,21 @@ def test_fused_sampler_over_a_vocabulary_of_several_blocks():
     tokens, logprobs = sk.sample_with_logprobs(logits, params, torch.tensor(3, dtype=torch.long))
     assert tokens.tolist() == [sk.BLOCK_V + 5, vocab - 1]
     torch.testing.assert_close(logprobs, sampled_logprobs(logits, tokens, params), atol=1e-5, rtol=1e-5)
+
+
+@IN_INTERPRETER
+def test_a_decode_step_under_autograd_takes_sdpa():
+    """The kernel has no backward: with grad enabled the decode attention is sdpa's."""
+    from rlkube.runtime.engine import generation
+
+    key, value = _cache_views(2, 2, 72, 64, 16)
+    query = torch.randn(2, 4, 1, 16, requires_grad=True)
+    mask = torch.ones(2, 1, 1, 64, dtype=torch.bool)
+    module = torch.nn.Module()
+    module.num_key_value_groups = 2
+    out, _ = generation._live_decode_attention(module, query, key, value, mask)
+    assert out.requires_grad  # sdpa's output, with its backward
+    with torch.no_grad():
+        kernel_out, _ = generation._live_decode_attention(module, query, key, value, mask)
+    assert not kernel_out.requires_grad
+    torch.testing.assert_close(kernel_out, out.detach(), atol=1e-5, rtol=1e-5)

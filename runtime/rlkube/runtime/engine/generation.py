@@ -96,7 +96,10 @@ def _gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0
 
 def _live_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                            **kwargs):
-    if live_kernel.supported(query, key, attention_mask) and key.shape[-1] == value.shape[-1]:
+    # The kernel has no backward: a decode step under autograd (never inside `generate`, which
+    # runs without it) takes sdpa.
+    if (not torch.is_grad_enabled() and live_kernel.supported(query, key, attention_mask)
+            and key.shape[-1] == value.shape[-1]):
         return live_kernel.live_decode_attention(query, key, value, attention_mask, scaling), None
     return _gqa_decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                  is_causal=is_causal, **kwargs)

@@ -46,6 +46,7 @@ def test_not_supported_on_cpu_outside_the_interpreter_or_for_float_masks():
     assert not da.supported(q, k, mask.float())
     assert not da.supported(torch.zeros(2, 4, 3, 16), k, mask)  # a prefill: more than one query token
     assert not da.supported(q, k, None)
+    assert not da.supported(q, k[:, :, :1], mask[..., :1])  # a one-slot read (the batch's first prefill)
 
 
 def _cache_views(rows, kv_heads, slots, read, dim, seed=0):

@@ -44,7 +44,9 @@ def _split_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # Triton compiles a kernel again for each new value class of an int argument (1, a multiple of
+    # 16, other) unless told not to: these vary with the batch and the read length.
+    @triton.jit(do_not_specialize=["read_len", "split_len", "sk_b", "sv_b", "sm_b"])
     def split_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, part_ptr, stat_ptr, scale,
                      sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b,
                      kv_heads, read_len, split_len,
@@ -100,7 +102,7 @@ def _merge_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def merge_kernel(part_ptr, stat_ptr, out_ptr, so_b, so_h, kv_heads, splits,
                      GROUPS: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
         pid = tl.program_id(0)
@@ -151,10 +153,12 @@ def split_count(rows: int, kv_heads: int, read_len: int, programs: int) -> int:
 
 
 def supported(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether `live_decode_attention` takes this call: one query token per row, a boolean
-    'may attend' mask of shape [rows, 1, 1, slots], CUDA tensors (or Triton's interpreter) and a
-    head size it handles."""
-    return (HAVE_TRITON and query.shape[2] == 1 and mask is not None and mask.dtype == torch.bool
+    """Whether `live_decode_attention` takes this call: one query token per row, a read of at
+    least one block of slots (the decode batch's first one-slot prefill is not a decode step: it
+    would only compile the kernel once more, for a read length of 1), a boolean 'may attend' mask
+    of shape [rows, 1, 1, slots], CUDA tensors (or Triton's interpreter) and a head size it handles."""
+    return (HAVE_TRITON and query.shape[2] == 1 and key.shape[2] >= BLOCK_N and mask is not None
+            and mask.dtype == torch.bool
             and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.shape[3] == key.shape[2]
             and query.shape[-1] <= MAX_HEAD_DIM and query.shape[1] % key.shape[1] == 0
             and (query.is_cuda or INTERPRET))

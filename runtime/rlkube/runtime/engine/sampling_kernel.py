@@ -32,7 +32,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["stride", "vocab"])
     def sample_kernel(logits_ptr, stride, vocab, seed_ptr, temperature, token_ptr, logprob_ptr,
                       BLOCK: tl.constexpr):
         row = tl.program_id(0)

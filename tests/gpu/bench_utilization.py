@@ -376,9 +376,26 @@ def summarize(case: str, recs: list[dict], sampler: Sampler | None, launched: fl
         "setupSeconds": start.get("setupSeconds"),
         "responseLengthMean": _mean([r.get("responseLengthMean") for r in after]),
         "decodeRowOccupancy": _mean([r.get("decodeRowOccupancy") for r in after]),
+        # generation's recorded log-probs against the training forward's, same tokens (PPO/GRPO's
+        # step record, trainers/rl/mismatch.py): mean over the steps, the largest |difference| seen
+        "rolloutLogprobMismatch": _mismatch(steps),
         # decode caches built / graphs captured per step: after the first step, > 0 means re-captures
         "decodeCaptureSeconds": [r["decodeCaptureSeconds"] for r in steps if "decodeCaptureSeconds" in r],
     }
+
+
+def _mismatch(steps: list[dict]) -> dict | None:
+    from statistics import fmean
+
+    fields = ("rolloutLogprobAbsDiff", "rolloutLogprobKL", "rolloutLogprobK3")
+    found = {f: [r[f] for r in steps if isinstance(r.get(f), (int, float))] for f in fields}
+    if not any(found.values()):
+        return None
+    out = {f: float(f"{fmean(v):.3g}") for f, v in found.items() if v}
+    most = [r["rolloutLogprobMaxDiff"] for r in steps if isinstance(r.get("rolloutLogprobMaxDiff"), (int, float))]
+    if most:
+        out["rolloutLogprobMaxDiff"] = max(most)
+    return out
 
 
 def _mean(values) -> float | None:

@@ -20,7 +20,8 @@ GRPOTrainer does.
 Decode floor: per decode step the GPU must read every weight once and the KV cache of every
 row (mean context = prompt + half the new tokens); floor seconds = those bytes / 4.2 TB/s (the
 device-to-device copy bandwidth measured on an H200, docs/benchmarks.md; on another card, set
-COPY_BANDWIDTH to its own). "floor fraction" = floor time / measured time per step. Decode
+COPY_BANDWIDTH to its own; each run also measures its card's copy bandwidth and prints the share
+at that figure, `ours_floor_fraction_own_card`). "floor fraction" = floor time / measured time per step. Decode
 tokens/s counts generated tokens only, over the whole call (prefill included, for both).
 The peer docs/benchmarks.md names is HF `generate` with `cache_implementation="static"` and its
 automatic `torch.compile` of the decode step (first call, compilation included, is a warm-up
@@ -81,6 +82,24 @@ def floor_seconds_per_step(model, batch: int, prompt: int, new: int, dtype_bytes
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * dtype_bytes
     mean_context = prompt + new / 2
     return (weights + batch * mean_context * kv_per_token) / COPY_BANDWIDTH
+
+
+def measured_copy_bandwidth(device, gib: float = 2.0, repeats: int = 10) -> float | None:
+    """Bytes/s of a device-to-device copy on this card (read + write, the figure COPY_BANDWIDTH is on
+    the H200); None on CPU. The floor at this figure is printed beside the fixed one."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    del src, dst
+    return 2 * gib * 2**30 * repeats / seconds
 
 
 def run_hf(model, ids, mask, new: int, device, trl_style: bool = False, static: bool = False,
@@ -265,6 +284,9 @@ def fixed_case(model, graphs, repeat_kv, batch: int, args, device, dtype, setup)
         "ours_first_call_s": first, "graph_capture_s": capture, "cuda_graphs_used": graphs.cuda_graphs,
         "ours_ms_per_step": 1e3 * ours / new, "hf_static_ms_per_step": 1e3 * hf_static / new,
         "floor_ms_per_step": 1e3 * floor, "ours_floor_fraction": floor / (ours / new),
+        # the same floor at this card's own measured copy bandwidth
+        "ours_floor_fraction_own_card": (floor * COPY_BANDWIDTH / setup["copy_bandwidth"] / (ours / new)
+                                         if setup.get("copy_bandwidth") else None),
         "hf_static_floor_fraction": floor / (hf_static / new),
         "ours_peak_gib": ours_peak / 2**30 if ours_peak else None,
         "hf_peak_gib": hf_peak / 2**30 if hf_peak else None,
@@ -347,6 +369,7 @@ def main(argv=None) -> int:
         "temperature": 1.0, "torch": torch.__version__, "transformers": transformers.__version__,
         "hf_static_compiled": device.type == "cuda", "ours_compiled_layers": args.compile_layers,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "copy_bandwidth": measured_copy_bandwidth(device),
     }
     results = []
     graphs = Decoder(model, compile_layers=args.compile_layers)  # static cache + CUDA graphs on GPU

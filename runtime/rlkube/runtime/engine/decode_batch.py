@@ -57,6 +57,7 @@ from transformers.cache_utils import Cache
 
 from rlkube.runtime.engine import sampling_kernel
 from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
+from rlkube.runtime.engine.sliding_window import decode_window, layer_masks, within_window
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,11 @@ class DecodeBatch:
         self.mask = decoder.mask_form(torch.zeros(rows, 1, 1, slots, dtype=torch.bool, device=device))
         self.allowed = decoder.mask_form(torch.ones(rows, 1, 1, 1, dtype=torch.bool, device=device))
         self.blocked = decoder.mask_form(torch.zeros((), dtype=torch.bool, device=device))
+        # Sliding layers (sliding_window.py): their own mask, where the window is shorter than a row.
+        self.config = model.config
+        self.window = decode_window(model.config, self.length)
+        self.sliding = self.mask.clone() if self.window else None
+        self.blocked_rows = decoder.mask_form(torch.zeros(rows, 1, 1, 1, dtype=torch.bool, device=device))
         self.input_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.position_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.gen_len = torch.zeros(rows, dtype=torch.long, device=device)
@@ -239,10 +245,14 @@ class DecodeBatch:
         self.cache.prefill_rows = torch.arange(rows, device=device)
         self.mask[..., 0] = self.allowed[..., 0]
         with decoder.eager():
-            first = decoder.step_forward(self.input_ids, self.position_ids, self.mask[..., :1].clone(), self.cache)
+            one = self.mask[..., :1].clone()
+            first = decoder.step_forward(self.input_ids, self.position_ids,
+                                         layer_masks(self.config, one, one if self.window else None), self.cache)
         self.cache.prefill_rows = None
         self.logits = first.clone()
         self.mask.fill_(self.blocked)
+        if self.sliding is not None:
+            self.sliding.fill_(self.blocked)
         self.use_graphs = graphs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.eager_steps: dict[int, int] = {}  # read length -> steps run eagerly before its capture
@@ -280,11 +290,19 @@ class DecodeBatch:
         slot = self.gen_len + (self.prompt_len - 1)
         self.cache.write_slot.copy_(slot)
         self.mask.scatter_(3, slot.view(-1, 1, 1, 1), self.allowed)
+        if self.sliding is not None:
+            # open the new slot, close the one that leaves the window (a spare slot, never read,
+            # while the row is shorter than the window)
+            self.sliding.scatter_(3, slot.view(-1, 1, 1, 1), self.allowed)
+            leaving = torch.where(slot >= self.window, slot - self.window, self.sliding.shape[-1] - 1)
+            self.sliding.scatter_(3, leaving.view(-1, 1, 1, 1), self.blocked_rows)
         self.input_ids.copy_(token[:, None])
         self.position_ids.copy_((self.base_pos + self.gen_len - 1)[:, None])
         mask = self.mask[..., :read_len]
         self.cache.read_mask = mask
-        logits = self.decoder.step_forward(self.input_ids, self.position_ids, mask, self.cache)
+        sliding = self.sliding[..., :read_len] if self.sliding is not None else None
+        logits = self.decoder.step_forward(self.input_ids, self.position_ids, layer_masks(self.config, mask, sliding),
+                                           self.cache)
         self.logits.copy_(logits)
 
     def step(self, live: int) -> None:
@@ -355,10 +373,12 @@ class DecodeBatch:
         for mine, theirs in ((self.cache.keys, src.cache.keys), (self.cache.values, src.cache.values)):
             for layer in range(mine.shape[0]):  # a layer at a time: the gather's copy stays one layer's
                 mine[layer, :k] = theirs[layer].index_select(0, index)
-        for name in ("mask", "gen_len", "base_pos", "finished", "history", "logprob_history", "logits"):
+        masks = ("mask", "sliding") if self.sliding is not None else ("mask",)
+        for name in (*masks, "gen_len", "base_pos", "finished", "history", "logprob_history", "logits"):
             getattr(self, name)[:k] = getattr(src, name).index_select(0, index)
-        self.mask[k:] = self.blocked
-        self.mask[k:, ..., :1] = self.allowed[k:]
+        for name in masks:
+            getattr(self, name)[k:] = self.blocked
+            getattr(self, name)[k:, ..., :1] = self.allowed[k:]
         self.finished[k:] = True
         self.gen_len[k:] = 0
 
@@ -371,15 +391,24 @@ class DecodeBatch:
         # queries (no real key) stay finite instead of NaN.
         allowed = (prompt_mask.bool()[:, None, :] & (q[None, None, :] <= q[None, :, None])) | (
             q[None, None, :] == q[None, :, None])
+        form = self.decoder.mask_form
+        sliding = None
+        if self.sliding is not None:
+            sliding = form((allowed & within_window(q[None, :, None], q[None, None, :], self.window))[:, None])
         self.cache.prefill_rows = rows
         try:
             with self.decoder.eager():  # decode_layers.py: prefills run eagerly
-                logits = self.decoder.step_forward(ids, positions, self.decoder.mask_form(allowed[:, None]), self.cache)
+                logits = self.decoder.step_forward(ids, positions, layer_masks(self.config, form(allowed[:, None]), sliding),
+                                                   self.cache)
         finally:
             self.cache.prefill_rows = None
         self.logits.index_copy_(0, rows, logits.to(self.logits.dtype))
         self.mask.index_fill_(0, rows, self.blocked)
-        self.mask[rows, 0, 0, :width] = self.decoder.mask_form(prompt_mask.bool())
+        self.mask[rows, 0, 0, :width] = form(prompt_mask.bool())
+        if self.sliding is not None:
+            # the first decode step's query sits at slot `width`; it closes slot width - window itself
+            self.sliding.index_fill_(0, rows, self.blocked)
+            self.sliding[rows, 0, 0, :width] = form(prompt_mask.bool() & (q >= width - self.window))
         self.gen_len.index_fill_(0, rows, 0)
         self.finished.index_fill_(0, rows, False)
         self.base_pos.index_copy_(0, rows, prompt_mask.sum(dim=1))

@@ -37,6 +37,7 @@ from rlkube.runtime.engine.decode_batch import BUCKETS, DecodeBatch, decode
 from rlkube.runtime.engine.decode_batch import EOS_CHECK_EVERY as _EOS_CHECK_EVERY
 from rlkube.runtime.engine.decode_layers import CompiledDecodeLayers
 from rlkube.runtime.engine.sampling import SamplingParams, sample_tokens, sampled_logprobs
+from rlkube.runtime.engine.sliding_window import decode_window, layer_masks, within_window
 
 log = logging.getLogger(__name__)
 
@@ -318,14 +319,27 @@ class Decoder:
         key_valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
         key_valid[:, :prompt_len] = prompt_mask.bool()
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min(0)
-        cache = DynamicCache(config=self.model.config)
+        # Full layers only: a config's sliding layers would keep only their window's keys, where the
+        # masks here (sliding_window.py) cover every slot of the row.
+        cache = DynamicCache()
         # Prefill. Each query attends to valid keys at or before it, and always to itself, so
         # left-pad queries (which have no valid key) stay finite instead of NaN.
         q = torch.arange(prompt_len, device=device)
         allowed = (key_valid[:, None, :prompt_len] & (q[None, None, :] <= q[None, :, None])) | (
             q[None, None, :] == q[None, :, None]
         )
-        logits = self.step_forward(input_ids, positions, self.mask_form(allowed[:, None]), cache, prompt_mask)
+        config, window = self.model.config, decode_window(self.model.config, total)  # sliding_window.py
+        slots = torch.arange(total, device=device)
+
+        def masks(allowed: torch.Tensor, query_slots: torch.Tensor):
+            """The full mask, and the sliding layers' where the window is shorter than a row."""
+            width = allowed.shape[-1]
+            sliding = None if window is None else self.mask_form(
+                allowed & within_window(query_slots, slots[:width], window))
+            return layer_masks(config, self.mask_form(allowed), sliding)
+
+        logits = self.step_forward(input_ids, positions, masks(allowed[:, None], q[None, None, :, None]), cache,
+                                   prompt_mask)
         response = torch.full((batch, params.max_new_tokens), params.pad_token_id, dtype=torch.long,
                               device=device)
         response_mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.long, device=device)
@@ -348,7 +362,7 @@ class Decoder:
                 break
             slot = prompt_len + step
             key_valid[:, slot] = True
-            mask = self.mask_form(key_valid[:, None, None, : slot + 1])
+            mask = masks(key_valid[:, None, None, : slot + 1], slots[slot])
             logits = self.step_forward(token[:, None], next_position, mask, cache, key_valid[:, : slot + 1].long())
             next_position = next_position + 1
         return GenerationOutput(
